@@ -1,0 +1,73 @@
+"""Resumable checkpoints inside a run folder, and the final Hugging Face export.
+
+Layout of a run folder:
+    checkpoints/step_000100/   accelerate `save_state` (model, optimizer, scheduler, RNG) + trainer_state.json
+    hf/                        `save_pretrained` model + tokenizer: a standard HF folder anyone can load
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from accelerate import Accelerator
+
+STATE_FILE = "trainer_state.json"  # step and token count next to accelerate's files
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def export_dir(run_dir: Path) -> Path:
+    return run_dir / "hf"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """Newest complete checkpoint (one whose trainer state was written last) in a run folder, if any."""
+    done = sorted(checkpoint_root(run_dir).glob(f"step_*/{STATE_FILE}"))
+    return done[-1].parent if done else None
+
+
+def resolve_resume(resume: str, run_dir: Path) -> Path | None:
+    """The checkpoint `train.resume` asks for: auto → newest in the run folder (or none), none, or a path."""
+    if resume == "none":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(run_dir)
+    path = Path(resume).expanduser()
+    if not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"train.resume={resume!r}: no checkpoint there (expected {path / STATE_FILE})")
+    return path
+
+
+def save_checkpoint(accelerator: Accelerator, run_dir: Path, step: int, tokens: int, keep: int) -> Path:
+    """Save a resumable state for `step`, then drop all but the newest `keep` checkpoints."""
+    path = checkpoint_root(run_dir) / f"step_{step:06d}"
+    accelerator.save_state(str(path))
+    if accelerator.is_main_process:
+        # Written last: a checkpoint without this file was interrupted and is never resumed from.
+        (path / STATE_FILE).write_text(json.dumps({"step": step, "tokens": tokens}))
+        for old in sorted(checkpoint_root(run_dir).glob("step_*"))[:-keep]:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return path
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path) -> tuple[int, int]:
+    """Restore model, optimizer, scheduler and RNG; return (step, tokens) to continue from."""
+    accelerator.load_state(str(path))
+    state = json.loads((path / STATE_FILE).read_text())
+    return state["step"], state["tokens"]
+
+
+def export_model(accelerator: Accelerator, model, tokenizer, run_dir: Path) -> Path:
+    """Write the final model and tokenizer as a plain HF folder (loadable without legalpt)."""
+    path = export_dir(run_dir)
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.save_pretrained(str(path), is_main_process=accelerator.is_main_process, save_function=accelerator.save)
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(str(path))
+    accelerator.wait_for_everyone()
+    return path

@@ -1,0 +1,55 @@
+"""Experiment tracking: wandb through accelerate's tracker API, plus a local metrics.jsonl in every run folder.
+
+wandb runs offline (its folder inside the run folder) unless an API key is configured, so a fresh machine never
+blocks on a login prompt; `logger=none` turns it off. metrics.jsonl is written whatever the logger, by rank 0 only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from accelerate import Accelerator
+
+LOGGERS = ("wandb", "none")
+
+
+def tracker_name(logger: str) -> str | None:
+    """The accelerate `log_with` value for a `logger` setting."""
+    if logger not in LOGGERS:
+        raise ValueError(f"logger={logger!r}: expected one of {', '.join(LOGGERS)}")
+    return None if logger == "none" else logger
+
+
+def _has_wandb_key() -> bool:
+    import wandb
+
+    return bool(os.environ.get("WANDB_API_KEY") or wandb.api.api_key)
+
+
+def start_tracking(accelerator: Accelerator, logger: str, project: str, run_dir: Path, config: dict) -> str | None:
+    """Start the tracker on rank 0; return where its run lives (or None when off)."""
+    if tracker_name(logger) is None:
+        return None
+    if "WANDB_MODE" not in os.environ and not _has_wandb_key():
+        os.environ["WANDB_MODE"] = "offline"
+    accelerator.init_trackers(project, config=config, init_kwargs={"wandb": {"dir": str(run_dir), "name": run_dir.name}})
+    if not accelerator.is_main_process:
+        return None
+    run = accelerator.get_tracker("wandb", unwrap=True)
+    return getattr(run, "dir", None) or str(run_dir / "wandb")
+
+
+class MetricsLog:
+    """Appends one JSON object per logged step to `<run_dir>/metrics.jsonl` and forwards it to the tracker."""
+
+    def __init__(self, accelerator: Accelerator, run_dir: Path):
+        self.accelerator = accelerator
+        self.path = run_dir / "metrics.jsonl"
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.accelerator.log(values, step=step)
+        if self.accelerator.is_main_process:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"step": step, **values}) + "\n")

@@ -1,0 +1,228 @@
+"""The pretraining loop: `train(cfg)` runs one job end to end on whatever accelerate gives it (CPU, one GPU, DDP).
+
+Data → packed rows (legalpt.data) → HF model (legalpt.model) → AdamW + warmup/cosine → held-out loss every
+`eval_every` steps → resumable checkpoints → final HF export. The `@hydra.main` wrapper in cli.py only calls this.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.data_loader import prepare_data_loader, skip_first_batches
+from accelerate.utils import broadcast_object_list, set_seed
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from legalpt.config import Config, TrainConfig, to_config
+from legalpt.data.pack import collate_packed
+from legalpt.data.pipeline import format_stats, prepare
+from legalpt.eval.perplexity import heldout_loss
+from legalpt.model import build_model, count_parameters
+from legalpt.train.checkpoint import export_model, load_checkpoint, resolve_resume, save_checkpoint
+from legalpt.train.optim import build_optimizer, build_scheduler
+from legalpt.train.tracking import MetricsLog, start_tracking, tracker_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """Where a finished run put things, and its held-out losses as (step, loss)."""
+
+    run_dir: Path
+    export_dir: Path
+    checkpoint: Path
+    wandb_dir: str | None
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)
+
+
+def mixed_precision(setting: str) -> str:
+    """accelerate's mixed_precision for `train.mixed_precision` (auto = bf16 on GPUs that support it)."""
+    if setting == "auto":
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    if setting not in ("bf16", "fp16", "no"):
+        raise ValueError(f"train.mixed_precision={setting!r}: expected auto, bf16, fp16 or no")
+    return setting
+
+
+def make_loader(dataset, batch_size: int, accelerator: Accelerator, seed: int | None) -> DataLoader:
+    """Packed rows → flattened packed batches on this process's device; `seed` shuffles, None keeps order."""
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    loader = DataLoader(
+        dataset, batch_size=batch_size, shuffle=seed is not None, generator=generator, collate_fn=collate_packed
+    )
+    return prepare_data_loader(
+        loader,
+        device=accelerator.device,
+        num_processes=accelerator.num_processes,
+        process_index=accelerator.process_index,
+        put_on_device=True,
+    )
+
+
+def micro_batches(dataset, cfg: TrainConfig, accelerator: Accelerator, skip: int) -> Iterator[dict]:
+    """Endless micro-batches, reshuffled each epoch with seed + epoch; the first `skip` are passed over on resume,
+    so a resumed run sees exactly the batches an uninterrupted run would have seen next."""
+    epoch = 0
+    while True:
+        loader = make_loader(dataset, cfg.batch_size, accelerator, seed=cfg.seed + epoch)
+        if skip >= len(loader):
+            skip -= len(loader)
+        else:
+            yield from skip_first_batches(loader, skip) if skip else loader
+            skip = 0
+        epoch += 1
+
+
+def train_step(model, optimizer, batches: Iterator[dict], cfg: TrainConfig, accelerator: Accelerator):
+    """One optimizer step over `grad_accum` micro-batches; returns (loss, grad norm, tokens) without host syncs."""
+    loss_sum = torch.zeros((), device=accelerator.device)
+    tokens = 0
+    for micro in range(cfg.grad_accum):
+        batch = next(batches)
+        tokens += batch["input_ids"].numel()
+        # Gradients are all-reduced once, on the last micro-batch.
+        with nullcontext() if micro == cfg.grad_accum - 1 else accelerator.no_sync(model):
+            loss = model(**batch).loss / cfg.grad_accum
+            accelerator.backward(loss)
+        loss_sum += loss.detach()
+    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm, tokens * accelerator.num_processes
+
+
+def agree_on_run_dir(accelerator: Accelerator, output_dir: str) -> Path:
+    """Rank 0's run folder for every rank (a timestamp may resolve differently on each)."""
+    chosen = [str(Path(output_dir).expanduser().resolve())]
+    broadcast_object_list(chosen, from_process=0)
+    run_dir = Path(chosen[0])
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    return run_dir
+
+
+@contextmanager
+def file_log(path: Path, enabled: bool) -> Iterator[None]:
+    """Write this run's log to `path` too, unless a handler already does (the Hydra CLI writes train.log itself)."""
+    root = logging.getLogger()
+    if not enabled or any(getattr(h, "baseFilename", None) == str(path) for h in root.handlers):
+        yield
+        return
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    package = logging.getLogger("legalpt")
+    previous_level = package.level
+    package.setLevel(min(previous_level or logging.INFO, logging.INFO))
+    package.addHandler(handler)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(previous_level)
+        handler.close()
+
+
+def train(cfg: DictConfig | Config) -> TrainResult:
+    """Run the pretraining job described by `cfg` and return where its outputs are."""
+    cfg = to_config(cfg)
+    accelerator = Accelerator(
+        mixed_precision=mixed_precision(cfg.train.mixed_precision), log_with=tracker_name(cfg.logger)
+    )
+    run_dir = agree_on_run_dir(accelerator, cfg.train.output_dir)
+    with file_log(run_dir / "train.log", accelerator.is_main_process):
+        return run(cfg, accelerator, run_dir)
+
+
+def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
+    """The body of `train`, once the accelerator and the run folder exist."""
+    tc = cfg.train
+    set_seed(tc.seed)
+
+    with accelerator.main_process_first():
+        data = prepare(cfg.data, cfg.model.pretrained)
+    log.info("data\n%s", format_stats(data.stats))
+    model = build_model(cfg.model, data.tokenizer)
+    log.info("model: %s, %.1fM parameters", cfg.model.pretrained or cfg.model.arch, count_parameters(model) / 1e6)
+
+    optimizer = build_optimizer(model, tc)
+    scheduler = build_scheduler(optimizer, tc)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+
+    step, tokens = 0, 0
+    if (resume_from := resolve_resume(tc.resume, run_dir)) is not None:
+        step, tokens = load_checkpoint(accelerator, resume_from)
+        log.info("resumed from %s at step %d", resume_from, step)
+
+    wandb_dir = start_tracking(accelerator, cfg.logger, cfg.project, run_dir, OmegaConf.to_container(
+        OmegaConf.structured(cfg), resolve=True))
+    metrics = MetricsLog(accelerator, run_dir)
+    result = TrainResult(run_dir, run_dir / "hf", run_dir, wandb_dir)
+
+    def evaluate() -> None:
+        loader = make_loader(data.heldout, tc.batch_size, accelerator, seed=None)
+        report = heldout_loss(model, loader, tc.eval_batches, lambda t: accelerator.reduce(t, "sum"))
+        metrics.log(step, {"eval/loss": report["loss"], "eval/perplexity": report["perplexity"]})
+        result.eval_losses.append((step, report["loss"]))
+        log.info("step %d: eval loss %.4f, perplexity %.2f", step, report["loss"], report["perplexity"])
+
+    batches = micro_batches(data.train, tc, accelerator, skip=step * tc.grad_accum)
+    if step == 0:
+        evaluate()
+    bar = tqdm(total=tc.steps, initial=step, desc="train", disable=not accelerator.is_local_main_process)
+    window_tokens, window_start = 0, time.perf_counter()
+    while step < tc.steps:
+        loss, grad_norm, step_tokens = train_step(model, optimizer, batches, tc, accelerator)
+        scheduler.step()
+        step += 1
+        tokens += step_tokens
+        window_tokens += step_tokens
+        bar.update()
+        if step % tc.log_every == 0 or step == tc.steps:
+            elapsed = time.perf_counter() - window_start
+            values = {
+                "train/loss": accelerator.reduce(loss, "mean").item(),
+                "train/lr": scheduler.get_last_lr()[0],
+                "train/grad_norm": float(grad_norm),
+                "train/tokens_per_s": window_tokens / elapsed,
+                "train/tokens": tokens,
+            }
+            metrics.log(step, values)
+            bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{values['train/tokens_per_s']:.0f}")
+            window_tokens, window_start = 0, time.perf_counter()
+        if step % tc.eval_every == 0 or step == tc.steps:
+            evaluate()
+        if step % tc.save_every == 0 or step == tc.steps:
+            result.checkpoint = save_checkpoint(accelerator, run_dir, step, tokens, tc.keep_checkpoints)
+    bar.close()
+
+    result.export_dir = export_model(accelerator, model, data.tokenizer, run_dir)
+    accelerator.end_training()
+    report_locations(result)
+    return result
+
+
+def report_locations(result: TrainResult) -> None:
+    """Tell the user where everything went."""
+    lines = [
+        f"checkpoint: {result.checkpoint}",
+        f"HF export:  {result.export_dir}",
+        f"wandb run:  {result.wandb_dir or 'off (logger=none)'}",
+        f"log:        {result.run_dir / 'train.log'}",
+        f"metrics:    {result.run_dir / 'metrics.jsonl'}",
+    ]
+    if result.eval_losses:
+        first, last = result.eval_losses[0][1], result.eval_losses[-1][1]
+        lines.append(f"eval loss:  {first:.4f} → {last:.4f} ({last / first:.2f}× the first)")
+    log.info("done\n  %s", "\n  ".join(lines))

@@ -1,0 +1,20 @@
+"""Test setup shared by the whole suite: offline hubs and trackers, and the `cuda` marker's skip."""
+
+import os
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,125 @@
+"""The training loop end to end on tiny configs: outputs, metrics, checkpoints, exact resume, trackers."""
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import legalpt.train.trainer as trainer
+from legalpt.config import TrainConfig, compose
+from legalpt.train.checkpoint import latest_checkpoint, resolve_resume
+from legalpt.train.optim import build_optimizer, lr_factor
+
+
+def tiny_overrides(tmp_path, *extra):
+    return [
+        "model=tiny",
+        "data.synthetic_documents=6",
+        "data.seq_len=128",
+        "data.vocab_size=400",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "train.steps=6",
+        "train.batch_size=2",
+        "train.warmup_steps=2",
+        "train.eval_every=3",
+        "train.eval_batches=2",
+        "train.save_every=3",
+        "train.log_every=2",
+        "logger=none",
+        *extra,
+    ]
+
+
+def test_lr_schedule_warms_up_then_decays_to_floor():
+    cfg = TrainConfig(steps=100, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_factor(0, cfg) == pytest.approx(0.1)
+    assert lr_factor(9, cfg) == pytest.approx(1.0)
+    assert lr_factor(10, cfg) == pytest.approx(1.0)
+    assert lr_factor(55, cfg) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_factor(100, cfg) == pytest.approx(0.1)
+    factors = [lr_factor(s, cfg) for s in range(10, 101)]
+    assert all(a >= b for a, b in zip(factors, factors[1:]))
+
+
+def test_optimizer_decays_matrices_only():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    groups = build_optimizer(model, TrainConfig(weight_decay=0.3)).param_groups
+    decayed = {id(p) for g in groups if g["weight_decay"] == 0.3 for p in g["params"]}
+    assert decayed == {id(model[0].weight)}
+    assert sum(len(g["params"]) for g in groups) == 4
+
+
+def test_tiny_run_writes_checkpoints_export_and_metrics(tmp_path):
+    run_dir = tmp_path / "run"
+    result = trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={run_dir}")))
+
+    assert [step for step, _ in result.eval_losses] == [0, 3, 6]
+    assert all(math.isfinite(loss) for _, loss in result.eval_losses)
+    assert result.checkpoint == latest_checkpoint(run_dir) == run_dir / "checkpoints" / "step_000006"
+    assert (run_dir / "train.log").read_text().count("eval loss") == 3
+
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [m for m in lines if "train/loss" in m]
+    assert [m["step"] for m in train_lines] == [2, 4, 6]
+    assert {"train/lr", "train/grad_norm", "train/tokens_per_s", "train/tokens"} <= set(train_lines[0])
+    assert train_lines[-1]["train/tokens"] == 6 * 2 * 128
+
+    # The export is a plain HF folder: model and tokenizer load with transformers alone.
+    model = AutoModelForCausalLM.from_pretrained(result.export_dir, attn_implementation="sdpa")
+    tokenizer = AutoTokenizer.from_pretrained(result.export_dir)
+    ids = tokenizer("WHEREAS the parties agree", return_tensors="pt").input_ids
+    assert model(ids).logits.shape == (1, ids.shape[1], len(tokenizer))
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch):
+    straight = trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path / 'a'}")))
+
+    class Interrupted(Exception):
+        pass
+
+    real_save = trainer.save_checkpoint
+
+    def save_then_die(*args, **kwargs):
+        real_save(*args, **kwargs)
+        raise Interrupted
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
+    with pytest.raises(Interrupted):
+        trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path / 'b'}")))
+    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    assert latest_checkpoint(tmp_path / "b").name == "step_000003"
+
+    resumed = trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path / 'b'}")))
+    assert resumed.eval_losses[-1] == straight.eval_losses[-1]
+    a = AutoModelForCausalLM.from_pretrained(straight.export_dir)
+    b = AutoModelForCausalLM.from_pretrained(resumed.export_dir)
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=0, msg=name)
+
+
+def test_resume_path_must_hold_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="train.resume"):
+        resolve_resume(str(tmp_path), tmp_path)
+    assert resolve_resume("auto", tmp_path) is None
+    assert resolve_resume("none", tmp_path) is None
+
+
+def test_wandb_runs_offline_inside_the_run_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(tmp_path, f"train.output_dir={run_dir}", "train.steps=2", "logger=wandb")
+    result = trainer.train(compose("train", overrides))
+    assert result.wandb_dir is not None and str(run_dir) in result.wandb_dir
+    offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1
+    assert any(offline_runs[0].glob("*.wandb"))
+
+
+def test_bad_settings_name_the_key(tmp_path):
+    with pytest.raises(ValueError, match="train.mixed_precision"):
+        trainer.mixed_precision("fp8")
+    with pytest.raises(ValueError, match="logger"):
+        trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path}", "logger=tensorboardx")))
