@@ -14,7 +14,9 @@ from omegaconf import DictConfig
 import legalpt.config  # registers the schema with Hydra's ConfigStore
 
 log = logging.getLogger(__name__)
-CONF = "../conf"
+# Absolute, so the commands find the presets from any working directory (a relative path would be read as a
+# Python package next to legalpt.cli when it runs as a console script).
+CONF = str(legalpt.config.CONF_DIR)
 
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")

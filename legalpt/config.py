@@ -36,7 +36,7 @@ class ModelConfig:
     pretrained: str | None = None  # HF folder or hub id; when set, the architecture fields above are ignored
     attn_implementation: str = "legalpt"  # transformers attention: legalpt | sdpa | eager
     attention_backend: str = "auto"  # backend behind legalpt attention: auto | reference | sdpa
-    dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16 (autocast still follows train.mixed_precision)
+    dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16 (autocast follows train.mixed_precision)
 
 
 @dataclass

@@ -86,5 +86,5 @@ def test_prepare_train_eval_from_the_command_line(tmp_path):
 
 
 def test_eval_without_any_run_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="eval.runs_dir"):
+    with pytest.raises(FileNotFoundError, match=r"eval\.runs_dir"):
         evaluate(compose("eval", [f"eval.runs_dir={tmp_path}", "model=tiny"]))

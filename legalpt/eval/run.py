@@ -59,6 +59,11 @@ def evaluate(cfg: DictConfig | Config) -> dict:
     if accelerator.is_main_process:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(report, indent=2))
-    log.info("held-out loss %.4f, perplexity %.2f over %d tokens → %s", report["loss"], report["perplexity"],
-             report["tokens"], output)
+    log.info(
+        "held-out loss %.4f, perplexity %.2f over %d tokens → %s",
+        report["loss"],
+        report["perplexity"],
+        report["tokens"],
+        output,
+    )
     return report

@@ -31,5 +31,5 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """Per-optimizer-step schedule; stepped by the trainer, not by accelerate, so it means the same on any world size."""
+    """Per-optimizer-step schedule, stepped by the trainer (not accelerate) so it means the same at any world size."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))

@@ -34,7 +34,8 @@ def start_tracking(accelerator: Accelerator, logger: str, project: str, run_dir:
         return None
     if "WANDB_MODE" not in os.environ and not _has_wandb_key():
         os.environ["WANDB_MODE"] = "offline"
-    accelerator.init_trackers(project, config=config, init_kwargs={"wandb": {"dir": str(run_dir), "name": run_dir.name}})
+    wandb_kwargs = {"dir": str(run_dir), "name": run_dir.name}
+    accelerator.init_trackers(project, config=config, init_kwargs={"wandb": wandb_kwargs})
     if not accelerator.is_main_process:
         return None
     run = accelerator.get_tracker("wandb", unwrap=True)

@@ -165,8 +165,9 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
         step, tokens = load_checkpoint(accelerator, resume_from)
         log.info("resumed from %s at step %d", resume_from, step)
 
-    wandb_dir = start_tracking(accelerator, cfg.logger, cfg.project, run_dir, OmegaConf.to_container(
-        OmegaConf.structured(cfg), resolve=True))
+    wandb_dir = start_tracking(
+        accelerator, cfg.logger, cfg.project, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    )
     metrics = MetricsLog(accelerator, run_dir)
     result = TrainResult(run_dir, run_dir / "hf", run_dir, wandb_dir)
 

@@ -1,5 +1,6 @@
 """The training loop end to end on tiny configs: outputs, metrics, checkpoints, exact resume, trackers."""
 
+import itertools
 import json
 import math
 
@@ -40,7 +41,7 @@ def test_lr_schedule_warms_up_then_decays_to_floor():
     assert lr_factor(55, cfg) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert lr_factor(100, cfg) == pytest.approx(0.1)
     factors = [lr_factor(s, cfg) for s in range(10, 101)]
-    assert all(a >= b for a, b in zip(factors, factors[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(factors))
 
 
 def test_optimizer_decays_matrices_only():
@@ -58,7 +59,7 @@ def test_tiny_run_writes_checkpoints_export_and_metrics(tmp_path):
     assert [step for step, _ in result.eval_losses] == [0, 3, 6]
     assert all(math.isfinite(loss) for _, loss in result.eval_losses)
     assert result.checkpoint == latest_checkpoint(run_dir) == run_dir / "checkpoints" / "step_000006"
-    assert (run_dir / "train.log").read_text().count("eval loss") == 3
+    assert (run_dir / "train.log").read_text().count(": eval loss") == 3
 
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_lines = [m for m in lines if "train/loss" in m]
@@ -95,12 +96,12 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch):
     assert resumed.eval_losses[-1] == straight.eval_losses[-1]
     a = AutoModelForCausalLM.from_pretrained(straight.export_dir)
     b = AutoModelForCausalLM.from_pretrained(resumed.export_dir)
-    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         torch.testing.assert_close(pa, pb, rtol=0, atol=0, msg=name)
 
 
 def test_resume_path_must_hold_a_checkpoint(tmp_path):
-    with pytest.raises(FileNotFoundError, match="train.resume"):
+    with pytest.raises(FileNotFoundError, match=r"train\.resume"):
         resolve_resume(str(tmp_path), tmp_path)
     assert resolve_resume("auto", tmp_path) is None
     assert resolve_resume("none", tmp_path) is None
@@ -119,7 +120,7 @@ def test_wandb_runs_offline_inside_the_run_folder(tmp_path, monkeypatch):
 
 
 def test_bad_settings_name_the_key(tmp_path):
-    with pytest.raises(ValueError, match="train.mixed_precision"):
+    with pytest.raises(ValueError, match=r"train\.mixed_precision"):
         trainer.mixed_precision("fp8")
     with pytest.raises(ValueError, match="logger"):
         trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path}", "logger=tensorboardx")))

@@ -1,0 +1,189 @@
+"""Data preparation end to end: documents → train/held-out split → tokenizer → token ids → packed rows.
+
+`prepare(cfg.data, cfg.model.pretrained)` is what `legalpt-prepare` and the trainer call. The packed rows of both
+splits are cached under `<cache_dir>/packed/<key>/`, the key covering the corpus content, the tokenizer, seq_len, the
+split and the packing code, so a second run loads the documents, fingerprints them and memory-maps the rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
+from legalpt.config import DataConfig
+from legalpt.data import pack
+from legalpt.data.pack import PackStats, pack_dataset
+from legalpt.data.sources import corpus_fingerprint, load_documents
+from legalpt.data.tokenizer import check_vocab_size, get_tokenizer
+
+SPLITS = ("train", "heldout")
+_TOKEN_FEATURES = datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))})
+
+
+@dataclass
+class PreparedData:
+    """Packed rows of both splits (columns input_ids, seq_lens, num_pad), their tokenizer, and what happened."""
+
+    train: datasets.Dataset
+    heldout: datasets.Dataset
+    tokenizer: PreTrainedTokenizerFast
+    # skipped: SkipReport; train, heldout: PackStats.to_dict(); seq_len; tokenizer (its name or path); vocab_size;
+    # rows_dir (where the rows are); cached (rows loaded, not built); seconds (per phase)
+    stats: dict[str, Any]
+
+
+def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
+    """Load, split, tokenize and pack the documents of `cfg`; `pretrained` names the model whose tokenizer to use."""
+    _check(cfg, pretrained)
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+    documents, skipped = load_documents(cfg)
+    if documents.num_rows == 0:
+        raise ValueError(f"data.paths: no document could be loaded from {list(cfg.paths)} ({skipped})")
+    documents_by_split = dict(zip(SPLITS, split_documents(documents, cfg.heldout_fraction, cfg.seed), strict=True))
+    seconds["load"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    tokenizer = get_tokenizer(cfg, documents_by_split["train"], pretrained)
+    seconds["tokenizer"] = time.perf_counter() - clock
+
+    key = _cache_key(documents, tokenizer, cfg)
+    folder = Path(cfg.cache_dir).expanduser() / "packed" / key
+    cached = folder.exists()
+    if not cached:
+        _build(folder, documents_by_split, tokenizer, cfg, seconds)
+    rows = {split: datasets.load_from_disk(str(folder / split)) for split in SPLITS}
+    saved = json.loads((folder / "stats.json").read_text())
+    pack_stats = {split: PackStats(**saved[split]).to_dict() for split in SPLITS}
+    stats = {
+        "skipped": skipped,
+        **pack_stats,
+        "seq_len": cfg.seq_len,
+        "tokenizer": tokenizer.name_or_path,
+        "vocab_size": len(tokenizer),
+        "rows_dir": str(folder),
+        "cached": cached,
+        "seconds": seconds,
+    }
+    return PreparedData(train=rows["train"], heldout=rows["heldout"], tokenizer=tokenizer, stats=stats)
+
+
+def split_documents(
+    documents: datasets.Dataset, heldout_fraction: float, seed: int
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """A seeded random `heldout_fraction` of the documents (at least one when there are two) and the rest, in order."""
+    n = documents.num_rows
+    num_heldout = min(n - 1, max(1, round(n * heldout_fraction))) if n >= 2 else 0
+    order = np.random.default_rng(seed).permutation(n)
+    return documents.select(np.sort(order[num_heldout:])), documents.select(np.sort(order[:num_heldout]))
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    """A short report of `PreparedData.stats` for the terminal."""
+    train, heldout = stats["train"], stats["heldout"]
+    lines = [f"documents  {train['documents']:,} train, {heldout['documents']:,} held-out; {stats['skipped']}"]
+    for label, split in (("train", train), ("held-out", heldout)):
+        lines.append(
+            f"{label:<9}  {split['tokens']:,} tokens in {split['rows']:,} rows of {stats['seq_len']} "
+            f"({split['padding_pct']:.2f}% padding), longest document {split['longest_document']:,} tokens"
+        )
+    lines.append(f"tokenizer  {stats['tokenizer'] or 'trained BPE'} ({stats['vocab_size']:,} tokens)")
+    lines.append(f"rows       {stats['rows_dir']}{' (from cache)' if stats['cached'] else ''}")
+    lines.append("seconds    " + ", ".join(f"{phase} {s:.2f}" for phase, s in stats["seconds"].items()))
+    return "\n".join(lines)
+
+
+def _check(cfg: DataConfig, pretrained: str | None) -> None:
+    if cfg.seq_len < 2:
+        raise ValueError(f"data.seq_len: expected at least 2 tokens per row, got {cfg.seq_len}")
+    if not 0 <= cfg.heldout_fraction < 1:
+        raise ValueError(f"data.heldout_fraction: expected a value in [0, 1), got {cfg.heldout_fraction}")
+    if cfg.num_proc < 1:
+        raise ValueError(f"data.num_proc: expected at least 1 process, got {cfg.num_proc}")
+    if not (cfg.tokenizer or pretrained):
+        check_vocab_size(cfg.vocab_size)
+
+
+def _cache_key(documents: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, cfg: DataConfig) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps([corpus_fingerprint(documents), cfg.seq_len, cfg.seed, cfg.heldout_fraction]).encode())
+    digest.update(tokenizer.backend_tokenizer.to_str().encode())
+    digest.update(f"{tokenizer.eos_token_id}-{tokenizer.pad_token_id}".encode())
+    # The code that makes the rows is part of their identity: change the packing, and old rows are not reused.
+    digest.update(Path(pack.__file__).read_bytes() + Path(__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _build(
+    folder: Path,
+    documents_by_split: dict[str, datasets.Dataset],
+    tokenizer: PreTrainedTokenizerFast,
+    cfg: DataConfig,
+    seconds: dict[str, float],
+) -> None:
+    """Tokenize and pack both splits into `folder`, built aside and renamed into place so it is never half written."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f"{folder.name}.partial-") as tmp:
+        work, out = Path(tmp) / "work", Path(tmp) / "out"
+        work.mkdir()
+        clock = time.perf_counter()
+        tokenized = {
+            split: _tokenize(docs, tokenizer, cfg.num_proc, work / f"{split}-tokens.arrow", f"{folder.name}-{split}")
+            for split, docs in documents_by_split.items()
+        }
+        seconds["tokenize"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        pack_stats = {}
+        for split, ids in tokenized.items():
+            rows, pack_stats[split] = pack_dataset(
+                ids, cfg.seq_len, tokenizer.eos_token_id, tokenizer.pad_token_id, str(work)
+            )
+            # An empty dataset must be written as one (empty) shard: with none, load_from_disk() fails.
+            rows.save_to_disk(str(out / split), num_shards=None if rows.num_rows else 1)
+        (out / "stats.json").write_text(json.dumps({split: asdict(s) for split, s in pack_stats.items()}))
+        seconds["pack"] = time.perf_counter() - clock
+        try:
+            out.rename(folder)
+        except OSError:
+            if not folder.exists():
+                raise  # else another process published the same rows first, and those serve as well
+
+
+def _tokenize(
+    documents: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, num_proc: int, cache_file: Path, fingerprint: str
+) -> datasets.Dataset:
+    if documents.num_rows == 0:  # map() skips an empty dataset, and would return it without the input_ids column
+        return datasets.Dataset.from_dict({"input_ids": []}, features=_TOKEN_FEATURES)
+    return documents.map(
+        _encode,
+        batched=True,
+        batch_size=64,
+        num_proc=num_proc if num_proc > 1 else None,
+        remove_columns=documents.column_names,
+        features=_TOKEN_FEATURES,
+        fn_kwargs={"backend": copy.deepcopy(tokenizer.backend_tokenizer)},  # a copy: _encode changes a setting
+        cache_file_name=str(cache_file),
+        new_fingerprint=fingerprint,
+        desc="tokenizing",
+    )
+
+
+def _encode(batch: dict[str, list], backend: Tokenizer) -> dict[str, list]:
+    # The Rust tokenizer alone (what the transformers wrapper calls), told to read special-token strings as plain
+    # text: an "<|endoftext|>" written in a document must not end it. The wrapper's own split_special_tokens does
+    # the same at half the speed. Set on every call, because the setting does not survive pickling into workers.
+    backend.encode_special_tokens = True
+    encodings = backend.encode_batch_fast(batch["text"], add_special_tokens=False)
+    return {"input_ids": [encoding.ids for encoding in encodings]}

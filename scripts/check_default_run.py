@@ -1,0 +1,71 @@
+"""Measure the default job as a new user runs it: `legalpt-train` with no overrides, from a cold cache.
+
+Records wall time, the first and final held-out loss and their ratio (the foundation issue asks for at most 10
+minutes on 2 CPU cores and a ratio of at most 0.6) in bench/results/default-run-<device>-<yyyymmdd>.json.
+
+    python scripts/check_default_run.py            # run it and record the figures
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    legalpt_train = shutil.which("legalpt-train")
+    if legalpt_train is None:
+        sys.exit("legalpt-train is not on PATH: install the project first (pip install -e .)")
+    stamp = datetime.now(timezone.utc)
+    with tempfile.TemporaryDirectory() as cache:
+        run_dir = Path(cache) / "run"
+        # A fresh cache folder makes this a cold start: corpus, tokenizer and packing are all built again.
+        command = [legalpt_train, f"data.cache_dir={cache}", f"train.output_dir={run_dir}"]
+        start = time.perf_counter()
+        subprocess.run(command, check=True, cwd=ROOT)
+        wall = time.perf_counter() - start
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [(m["step"], m["eval/loss"]) for m in metrics if "eval/loss" in m]
+    speeds = [m["train/tokens_per_s"] for m in metrics if "train/tokens_per_s" in m]
+    device = torch.cuda.get_device_name().replace(" ", "-") if torch.cuda.is_available() else f"cpu{os.cpu_count()}"
+    record = {
+        "date": stamp.isoformat(timespec="seconds"),
+        "command": "legalpt-train (defaults; cold cache)",
+        "device": device,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip(),
+        "wall_s": round(wall, 1),
+        "eval_losses": evals,
+        "first_eval_loss": evals[0][1],
+        "final_eval_loss": evals[-1][1],
+        "final_over_first": evals[-1][1] / evals[0][1],
+        "median_train_tokens_per_s": sorted(speeds)[len(speeds) // 2],
+    }
+    out = ROOT / "bench" / "results" / f"default-run-{device}-{stamp:%Y%m%d}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(
+        f"wall {wall / 60:.1f} min, eval loss {evals[0][1]:.3f} → {evals[-1][1]:.3f} "
+        f"({record['final_over_first']:.2f}×) → {out}"
+    )
+    return 0 if wall <= 600 and record["final_over_first"] <= 0.6 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
