@@ -1,0 +1,245 @@
+"""transformers models on `attn_implementation="legalpt"` against transformers' own sdpa and eager attention."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface, AutoConfig, AutoModelForCausalLM
+from transformers.masking_utils import sliding_window_causal_mask_function
+
+import legalpt.hf
+from legalpt.hf import NAME, window_size
+
+VOCAB = 128
+WINDOW = 8  # shorter than the sequences below, so the sliding window changes the result
+ARCHS = ["llama", "mistral", "qwen2"]
+
+
+def make_model(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A 2-layer model with GQA; Mistral slides in every layer, Qwen2 in its second layer only."""
+    per_arch = {
+        "llama": {},
+        "mistral": {"sliding_window": WINDOW},
+        "qwen2": {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
+    }
+    config = AutoConfig.for_model(
+        arch,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        **per_arch[arch],
+    )
+    return AutoModelForCausalLM.from_config(config, attn_implementation=NAME, dtype=dtype).eval()
+
+
+def logits(model: torch.nn.Module, implementation: str, **inputs) -> torch.Tensor:
+    model.set_attn_implementation(implementation)
+    with torch.no_grad():
+        return model(**inputs, use_cache=False).logits.float()
+
+
+def logits_and_grads(model, implementation: str, input_ids: torch.Tensor, weights: torch.Tensor, **amp):
+    """Logits, and the gradients of their weighted sum; `amp` = torch.autocast arguments for the forward pass."""
+    model.set_attn_implementation(implementation)
+    model.zero_grad()
+    with torch.autocast("cpu", **(amp or {"enabled": False})):
+        out = model(input_ids=input_ids, use_cache=False).logits
+    (out.float() * weights).sum().backward()
+    return out.detach().float(), {name: p.grad.float() for name, p in model.named_parameters()}
+
+
+def test_import_legalpt_does_not_import_transformers():
+    code = "import sys, legalpt; assert 'transformers' not in sys.modules, 'transformers imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_register_is_idempotent_and_models_call_legalpt_attention(monkeypatch):
+    legalpt.hf.register()
+    legalpt.hf.register()
+    assert "flash" not in NAME
+    assert AttentionInterface()[NAME] is legalpt.hf.attention_forward
+    assert AttentionMaskInterface()[NAME] is legalpt.hf.key_mask
+    calls = []
+    dense = legalpt.hf.flash_attn_func
+    monkeypatch.setattr(legalpt.hf, "flash_attn_func", lambda *args, **kw: calls.append(1) or dense(*args, **kw))
+    model = make_model("llama")
+    logits(model, NAME, input_ids=torch.randint(VOCAB, (2, 12)))
+    assert len(calls) == model.config.num_hidden_layers
+
+
+def test_window_size_matches_transformers_sliding_window():
+    i, j = torch.arange(12)[:, None], torch.arange(12)[None, :]
+    for sliding_window in range(1, 14):
+        left, right = window_size(sliding_window, causal=True)
+        ours = (j <= i) & (j >= i - left) & (j <= i + right)
+        theirs = sliding_window_causal_mask_function(sliding_window)(0, 0, i, j)
+        assert torch.equal(ours, theirs), sliding_window
+    assert window_size(None, causal=True) == (-1, -1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    ("dtype", "logit_tol", "grad_tol"),
+    [pytest.param(torch.float32, 1e-5, 2e-5, id="float32"), pytest.param(torch.bfloat16, 2e-2, 3e-2, id="bfloat16")],
+)
+def test_logits_and_gradients_match_sdpa_and_eager(arch, dtype, logit_tol, grad_tol):
+    # Tolerances: a few times the gap between sdpa and eager themselves (relative to the largest logit, and per
+    # parameter relative to the gradient's norm).
+    model = make_model(arch, dtype)
+    input_ids = torch.randint(VOCAB, (2, 24))
+    weights = torch.randn(2, 24, VOCAB)
+    ours, our_grads = logits_and_grads(model, NAME, input_ids, weights)
+    for reference in ("sdpa", "eager"):
+        expected, grads = logits_and_grads(model, reference, input_ids, weights)
+        assert (ours - expected).abs().max() <= logit_tol * expected.abs().max(), reference
+        for name, grad in grads.items():
+            error = (our_grads[name] - grad).norm() / grad.norm()
+            assert error <= grad_tol, (reference, name, error.item())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_autocast_over_float32_weights_matches_sdpa(arch):
+    # Under autocast RoPE hands over float32 q, k and a bfloat16 v, as in mixed-precision training.
+    model = make_model(arch)
+    input_ids = torch.randint(VOCAB, (2, 24))
+    weights = torch.randn(2, 24, VOCAB)
+    ours, our_grads = logits_and_grads(model, NAME, input_ids, weights, dtype=torch.bfloat16)
+    expected, grads = logits_and_grads(model, "sdpa", input_ids, weights, dtype=torch.bfloat16)
+    assert (ours - expected).abs().max() <= 2e-2 * expected.abs().max()
+    for name, grad in grads.items():
+        assert (our_grads[name] - grad).norm() <= 3e-2 * grad.norm(), name
+
+
+def test_sliding_window_changes_logits_after_the_window():
+    model = make_model("mistral")
+    input_ids = torch.randint(VOCAB, (1, 24))
+    windowed = logits(model, NAME, input_ids=input_ids)
+    model.config.sliding_window = None
+    full = logits(model, "sdpa", input_ids=input_ids)
+    torch.testing.assert_close(windowed[:, :WINDOW], full[:, :WINDOW])
+    assert not torch.allclose(windowed[:, WINDOW:], full[:, WINDOW:], atol=1e-3)
+
+
+def random_documents(rows: int, length: int) -> list[list[int]]:
+    """Document lengths filling each row exactly, the longer ones past the sliding window."""
+    documents = []
+    for _ in range(rows):
+        cuts = sorted(torch.randperm(length - 1)[:2].add(1).tolist())
+        documents.append([b - a for a, b in zip([0, *cuts], [*cuts, length], strict=True)])
+    return documents
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_packed_rows_give_each_document_its_own_logits(arch):
+    model = make_model(arch)
+    lengths = random_documents(rows=2, length=30)
+    input_ids = torch.randint(VOCAB, (2, 30))
+    position_ids = torch.tensor([[p for n in row for p in range(n)] for row in lengths])
+    packed = logits(model, NAME, input_ids=input_ids, position_ids=position_ids)
+    for row, row_lengths in enumerate(lengths):
+        start = 0
+        for n in row_lengths:
+            alone = logits(model, "sdpa", input_ids=input_ids[row : row + 1, start : start + n])
+            torch.testing.assert_close(packed[row, start : start + n], alone[0], atol=2e-5, rtol=1e-4)
+            start += n
+
+
+def test_packed_and_padded_rows_give_each_document_its_own_logits():
+    model = make_model("mistral")
+    lengths = [[5, 11], [12, 3, 9]]  # the first row ends with 8 padding tokens
+    input_ids = torch.randint(1, VOCAB, (2, 24))
+    mask = torch.ones(2, 24, dtype=torch.long)
+    mask[0, 16:] = 0
+    position_ids = torch.tensor([[*range(5), *range(11), *range(8)], [*range(12), *range(3), *range(9)]])
+    packed = logits(model, NAME, input_ids=input_ids, attention_mask=mask, position_ids=position_ids)
+    for row, row_lengths in enumerate(lengths):
+        start = 0
+        for n in row_lengths:
+            alone = logits(model, "sdpa", input_ids=input_ids[row : row + 1, start : start + n])
+            torch.testing.assert_close(packed[row, start : start + n], alone[0], atol=2e-5, rtol=1e-4)
+            start += n
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cu_seq_lens_kwargs_separate_documents(arch):
+    # Positions run on across documents: RoPE is relative, so only cu_seq_lens keeps the documents apart.
+    model = make_model(arch)
+    lengths = random_documents(rows=1, length=40)[0]
+    input_ids = torch.randint(VOCAB, (1, 40))
+    cu_seq_lens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    kwargs = {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": max(lengths)}
+    packed = logits(model, NAME, input_ids=input_ids, **kwargs, max_length_k=max(lengths))
+    for start, end in zip(cu_seq_lens[:-1].tolist(), cu_seq_lens[1:].tolist(), strict=True):
+        alone = logits(model, "sdpa", input_ids=input_ids[:, start:end])
+        torch.testing.assert_close(packed[0, start:end], alone[0], atol=2e-5, rtol=1e-4)
+
+
+def padded_batch(lengths: list[int], side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(lengths)
+    input_ids = torch.randint(1, VOCAB, (len(lengths), width))
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    if side == "left":
+        mask = mask.flip(1)
+    return input_ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_batch_matches_sdpa_on_real_tokens(arch, side):
+    model = make_model(arch)
+    input_ids, mask = padded_batch([20, 13, 6], side)
+    ours = logits(model, NAME, input_ids=input_ids, attention_mask=mask)
+    expected = logits(model, "sdpa", input_ids=input_ids, attention_mask=mask)
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], expected[real], atol=2e-5, rtol=1e-4)
+
+
+def generate(model, implementation: str, input_ids, mask, **kwargs):
+    model.set_attn_implementation(implementation)
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=mask,
+        max_new_tokens=6,
+        do_sample=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+    return out.sequences, torch.stack(out.scores)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("cache_implementation", ["dynamic", "static"])
+def test_greedy_generation_with_cache_matches_sdpa(arch, cache_implementation):
+    model = make_model(arch)
+    input_ids, mask = padded_batch([11, 5], "left")
+    kwargs = {"pad_token_id": 0, "eos_token_id": None, "cache_implementation": cache_implementation}
+    ours, our_scores = generate(model, NAME, input_ids, mask, **kwargs)
+    expected, scores = generate(model, "sdpa", input_ids, mask, **kwargs)
+    torch.testing.assert_close(our_scores, scores, atol=2e-5, rtol=1e-4)
+    assert torch.equal(ours, expected)
+
+
+def test_unsupported_inputs_raise():
+    model = make_model("llama")
+    input_ids = torch.randint(VOCAB, (2, 8))
+    model.set_attn_implementation(NAME)
+    with pytest.raises(ValueError, match="2D padding mask"):
+        model(input_ids=input_ids, attention_mask=torch.ones(2, 1, 8, 8, dtype=torch.bool), use_cache=False)
+    cu_seq_lens = torch.tensor([0, 8, 16])
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        model(
+            input_ids=input_ids,
+            attention_mask=torch.tensor([[1] * 8, [0] + [1] * 7]),
+            cu_seq_lens_q=cu_seq_lens,
+            cu_seq_lens_k=cu_seq_lens,
+            use_cache=False,
+        )
