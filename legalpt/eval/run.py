@@ -45,6 +45,12 @@ def resolve_checkpoint(cfg: Config) -> str:
     return cfg.eval.checkpoint
 
 
+def default_report_path(checkpoint: str) -> Path:
+    """eval.json inside a local checkpoint folder; in the working directory for a hub id."""
+    folder = Path(checkpoint).expanduser()
+    return folder / "eval.json" if folder.is_dir() else Path("eval.json")
+
+
 def evaluate(cfg: DictConfig | Config) -> dict:
     """Evaluate the checkpoint `cfg` names; return the report that is also written as JSON."""
     cfg = to_config(cfg)
@@ -55,7 +61,7 @@ def evaluate(cfg: DictConfig | Config) -> dict:
     loader = make_loader(data.heldout, cfg.eval.batch_size, accelerator, seed=None)
     metrics = heldout_loss(model, loader, cfg.eval.max_batches, lambda t: accelerator.reduce(t, "sum"))
     report = {"checkpoint": checkpoint, "heldout_documents": data.stats["heldout"]["documents"], **metrics}
-    output = Path(cfg.eval.output or Path(checkpoint) / "eval.json")
+    output = Path(cfg.eval.output or default_report_path(checkpoint))
     if accelerator.is_main_process:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(report, indent=2))

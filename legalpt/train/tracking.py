@@ -16,10 +16,12 @@ LOGGERS = ("wandb", "none")
 
 
 def tracker_name(logger: str) -> str | None:
-    """The accelerate `log_with` value for a `logger` setting."""
+    """The accelerate `log_with` value for a `logger` setting (None also when WANDB_MODE=disabled)."""
     if logger not in LOGGERS:
         raise ValueError(f"logger={logger!r}: expected one of {', '.join(LOGGERS)}")
-    return None if logger == "none" else logger
+    if logger == "none" or os.environ.get("WANDB_MODE") == "disabled":
+        return None
+    return logger
 
 
 def _has_wandb_key() -> bool:
@@ -38,8 +40,8 @@ def start_tracking(accelerator: Accelerator, logger: str, project: str, run_dir:
     accelerator.init_trackers(project, config=config, init_kwargs={"wandb": wandb_kwargs})
     if not accelerator.is_main_process:
         return None
-    run = accelerator.get_tracker("wandb", unwrap=True)
-    return getattr(run, "dir", None) or str(run_dir / "wandb")
+    files = Path(accelerator.get_tracker("wandb", unwrap=True).dir)  # <run_dir>/wandb/<run>/files
+    return str(files.parent)
 
 
 class MetricsLog:

@@ -219,7 +219,7 @@ def report_locations(result: TrainResult) -> None:
     lines = [
         f"checkpoint: {result.checkpoint}",
         f"HF export:  {result.export_dir}",
-        f"wandb run:  {result.wandb_dir or 'off (logger=none)'}",
+        f"wandb run:  {result.wandb_dir or 'off'}",
         f"log:        {result.run_dir / 'train.log'}",
         f"metrics:    {result.run_dir / 'metrics.jsonl'}",
     ]

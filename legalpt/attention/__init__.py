@@ -1,0 +1,18 @@
+"""legalpt attention: flash-attn 2.x compatible functions with exact block-sparse masks.
+
+    from legalpt.attention import flash_attn_func, flash_attn_varlen_func
+
+Importing this package compiles and loads no CUDA code. api.py holds the public functions and the backend choice,
+masks.py the element rule, reference.py the PyTorch backend, ops.py the torch.library custom ops.
+"""
+
+from legalpt.attention.api import (
+    BACKEND_ENV,
+    BACKENDS,
+    flash_attn_func,
+    flash_attn_varlen_func,
+    get_backend,
+    set_backend,
+)
+
+__all__ = ["BACKENDS", "BACKEND_ENV", "flash_attn_func", "flash_attn_varlen_func", "get_backend", "set_backend"]

@@ -1,0 +1,104 @@
+"""Test oracle for legalpt.attention: naive float64 attention with a dense mask written straight from the rule.
+
+Deliberately independent of legalpt.attention.masks: the mask below is the element rule of DESIGN.md transcribed
+element by element, scores are dense, and the softmax is torch's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def rule_mask(
+    seqlen_q: int,
+    seqlen_k: int,
+    *,
+    causal: bool = False,
+    window: tuple[int, int] = (-1, -1),
+    global_tokens: int = 0,
+    dilation: int = 1,
+    layout: Tensor | None = None,
+    block_size: tuple[int, int] = (128, 128),
+) -> Tensor:
+    """Bool (H or 1, Sq, Sk) mask of one document; layout is (H or 1, nq, nk) for this document."""
+    i = torch.arange(seqlen_q)[:, None]
+    j = torch.arange(seqlen_k)[None, :]
+    ip = i + (seqlen_k - seqlen_q)  # bottom-right aligned query position in key coordinates
+    left, right = window
+    causal_ok = (j <= ip) if causal else torch.ones_like(ip - j, dtype=torch.bool)
+    in_window = torch.ones_like(causal_ok)
+    if left != -1:
+        in_window = in_window & (j >= ip - left)
+    if right != -1:
+        in_window = in_window & (j <= ip + right)
+    in_window = in_window & ((ip - j) % dilation == 0)
+    is_global = ((ip >= 0) & (ip < global_tokens)) | (j < global_tokens)
+    mask = (causal_ok & (in_window | is_global))[None]
+    if layout is not None:
+        mask = mask & layout.cpu()[:, i // block_size[0], j // block_size[1]]
+    return mask
+
+
+def naive_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+    softmax_scale: float | None = None,
+    softcap: float = 0.0,
+    block_layout: Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+    **mask_kwargs,
+) -> tuple[Tensor, Tensor]:
+    """(out, lse) computed in `dtype`, in the public API's layouts; differentiable, NaN-free on unseen rows.
+
+    dtype=bfloat16/float16 is "the same computation done by plain PyTorch in low precision" of flash-attn's tests.
+    """
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    if cu_seqlens_q is None:
+        outs, lses = [], []
+        for b in range(q.shape[0]):
+            out, lse = _one_document(q[b], k[b], v[b], scale, softcap, _doc_layout(block_layout, b), mask_kwargs)
+            outs.append(out)
+            lses.append(lse)
+        return torch.stack(outs), torch.stack(lses)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs, lses = [], []
+    for b in range(len(cq) - 1):
+        qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        out, lse = _one_document(q[qs], k[ks], v[ks], scale, softcap, _doc_layout(block_layout, b), mask_kwargs)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def _doc_layout(layout: Tensor | None, b: int) -> Tensor | None:
+    if layout is None:
+        return None
+    if layout.dim() == 2:
+        return layout[None]
+    if layout.dim() == 3:
+        return layout
+    return layout[b]
+
+
+def _one_document(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, softcap: float, layout: Tensor | None, mask_kwargs: dict
+) -> tuple[Tensor, Tensor]:
+    """q (Sq, H, D), k/v (Sk, Hk, D) -> out (Sq, H, D), lse (H, Sq)."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(heads // kv_heads, dim=1)
+    v = v.repeat_interleave(heads // kv_heads, dim=1)
+    s = torch.einsum("ihd,jhd->hij", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    mask = rule_mask(q.shape[0], k.shape[0], layout=layout, **mask_kwargs).to(q.device).expand_as(s)
+    seen = mask.any(-1, keepdim=True)
+    s = torch.where(seen, s.masked_fill(~mask, float("-inf")), 0.0)  # unseen rows: finite dummy scores
+    p = torch.softmax(s, dim=-1) * mask
+    lse = torch.where(seen[..., 0], torch.logsumexp(s, dim=-1), float("-inf"))
+    return torch.einsum("hij,jhd->ihd", p, v), lse

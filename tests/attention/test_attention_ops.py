@@ -1,0 +1,74 @@
+"""The custom ops: torch.library.opcheck, and torch.compile(fullgraph=True) forward + backward equal to eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from legalpt.attention import flash_attn_func, flash_attn_varlen_func
+
+
+def _forward_args(varlen: bool) -> tuple:
+    """attention_forward arguments: GQA, causal window, global tokens, dilation, a per-head/per-document layout."""
+    if varlen:
+        cu = torch.tensor([0, 20, 21, 60], dtype=torch.int32)
+        q, k, v = torch.randn(60, 4, 16), torch.randn(60, 2, 16), torch.randn(60, 2, 16)
+        layout = torch.rand(3, 4, 3, 3) < 0.7
+        seq = (cu, cu, 39, 39)
+    else:
+        q, k, v = torch.randn(2, 37, 4, 16), torch.randn(2, 45, 2, 16), torch.randn(2, 45, 2, 16)
+        layout = torch.rand(4, 3, 3) < 0.7
+        seq = (None, None, 37, 45)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    # softmax_scale, softcap, causal, window, global_tokens, dilation, layout, block_q, block_k, deterministic, backend
+    options = (0.3, 3.0, True, 12, 0, 2, 2, layout, 16, 16, False, "reference")
+    return (q, k, v, *seq, *options)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_opcheck(varlen):
+    args = _forward_args(varlen)
+    torch.library.opcheck(torch.ops.legalpt.attention_forward.default, args)
+    out, lse = torch.ops.legalpt.attention_forward(*args)
+    q, k, v = (x.detach() for x in args[:3])
+    backward_args = (torch.randn_like(out), q, k, v, out.detach(), lse.detach(), torch.randn_like(lse), *args[3:])
+    torch.library.opcheck(torch.ops.legalpt.attention_backward.default, backward_args)
+
+
+def _loss(fn, *args, **kw):
+    out, lse, _ = fn(*args, return_attn_probs=True, **kw)
+    return (out * out.detach()).sum() + lse.sum()  # gradients flow through out and the logsumexp
+
+
+def _eager_and_compiled_grads(fn, args: tuple, kw: dict, compile_backend: str):
+    inputs = args[:3]
+    eager = torch.autograd.grad(_loss(fn, *args, **kw), inputs)
+    compiled_loss = torch.compile(lambda *a: _loss(fn, *a, **kw), fullgraph=True, backend=compile_backend)
+    return eager, torch.autograd.grad(compiled_loss(*args), inputs)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_compile_fullgraph_aot_eager(varlen):
+    kw = {"causal": True, "window_size": (12, 0), "global_tokens": 2, "block_size": (16, 16)}
+    if varlen:
+        cu = torch.tensor([0, 20, 21, 60], dtype=torch.int32)
+        args = (*(torch.randn(60, h, 16, requires_grad=True) for h in (4, 2, 2)), cu, cu, 39, 39)
+        fn = flash_attn_varlen_func
+    else:
+        args = tuple(torch.randn(2, s, h, 16, requires_grad=True) for s, h in ((37, 4), (45, 2), (45, 2)))
+        fn = flash_attn_func
+    torch._dynamo.reset()
+    eager, compiled = _eager_and_compiled_grads(fn, args, kw, "aot_eager")
+    for a, b in zip(eager, compiled, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_compile_fullgraph_inductor():
+    args = tuple(torch.randn(2, s, h, 16, requires_grad=True) for s, h in ((37, 4), (45, 2), (45, 2)))
+    torch._dynamo.reset()
+    eager, compiled = _eager_and_compiled_grads(
+        flash_attn_func, args, {"causal": True, "block_size": (16, 16)}, "inductor"
+    )
+    for a, b in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(a, b)
