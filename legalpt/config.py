@@ -60,19 +60,19 @@ class TrainConfig:
     """The optimisation loop: schedule, precision, evaluation and checkpoints."""
 
     output_dir: str = "runs/${now:%Y%m%d-%H%M%S}"  # run folder: checkpoints, HF export, wandb, log
-    steps: int = 300  # optimizer steps
+    steps: int = 100  # optimizer steps
     batch_size: int = 8  # packed rows per micro-batch per process
     grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 3e-3  # peak learning rate
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 30  # linear warmup from 0 to lr
+    warmup_steps: int = 10  # linear warmup from 0 to lr
     weight_decay: float = 0.1  # AdamW decay on matrices (not on norms and biases)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     mixed_precision: str = "auto"  # auto (bf16 where the GPU supports it) | bf16 | fp16 | no
-    eval_every: int = 50  # steps between held-out evaluations (also at step 0 and at the end)
+    eval_every: int = 20  # steps between held-out evaluations (also at step 0 and at the end)
     eval_batches: int = 8  # held-out micro-batches per evaluation; 0 = the whole held-out split
-    save_every: int = 100  # steps between resumable checkpoints (also at the end)
+    save_every: int = 50  # steps between resumable checkpoints (also at the end)
     keep_checkpoints: int = 2  # newest resumable checkpoints kept on disk
     resume: str = "auto"  # auto (latest checkpoint in output_dir, if any) | none | path to a checkpoint folder
     log_every: int = 10  # steps between logged metrics
