@@ -74,6 +74,22 @@ def test_tiny_run_writes_checkpoints_export_and_metrics(tmp_path):
     assert model(ids).logits.shape == (1, ids.shape[1], len(tokenizer))
 
 
+def test_gradient_accumulation_counts_every_micro_batch(tmp_path):
+    """Two micro-batches of one row per optimizer step: each step consumes both, and training still descends."""
+    overrides = ("train.steps=3", "train.eval_every=100", "train.grad_clip=0")
+    accumulated = trainer.train(
+        compose(
+            "train",
+            tiny_overrides(
+                tmp_path, f"train.output_dir={tmp_path / 'acc'}", *overrides, "train.batch_size=1", "train.grad_accum=2"
+            ),
+        )
+    )
+    lines = [json.loads(line) for line in (accumulated.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["train/tokens"] for m in lines if "train/tokens" in m] == [2 * 2 * 128, 3 * 2 * 128]
+    assert accumulated.eval_losses[-1][1] < accumulated.eval_losses[0][1]
+
+
 def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch):
     straight = trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path / 'a'}")))
 
