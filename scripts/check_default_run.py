@@ -24,6 +24,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def git_commit() -> str:
+    found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return found.stdout.strip() or "unknown"
+
+
 def main() -> int:
     legalpt_train = shutil.which("legalpt-train")
     if legalpt_train is None:
@@ -47,9 +52,8 @@ def main() -> int:
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip(),
+        # The GPU machine gets a copy of the tree without .git: the caller names the commit there.
+        "commit": os.environ.get("LEGALPT_COMMIT") or git_commit(),
         "wall_s": round(wall, 1),
         "eval_losses": evals,
         "first_eval_loss": evals[0][1],

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from pathlib import Path
 
 from accelerate import Accelerator
+from accelerate.logging import get_logger
 from omegaconf import DictConfig
 
 from legalpt.config import Config, to_config
@@ -21,7 +21,8 @@ from legalpt.model import build_model
 from legalpt.train.checkpoint import export_dir
 from legalpt.train.trainer import make_loader, mixed_precision
 
-log = logging.getLogger(__name__)
+# accelerate's logger: rank 0 alone writes, whatever the number of processes.
+log = get_logger(__name__)
 
 
 def newest_export(runs_dir: Path) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
+from accelerate.logging import get_logger
 from accelerate.utils import broadcast_object_list, set_seed
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
@@ -30,7 +31,8 @@ from legalpt.train.checkpoint import export_model, load_checkpoint, resolve_resu
 from legalpt.train.optim import build_optimizer, build_scheduler
 from legalpt.train.tracking import MetricsLog, start_tracking, tracker_name
 
-log = logging.getLogger(__name__)
+# accelerate's logger: rank 0 alone writes, whatever the number of processes.
+log = get_logger(__name__)
 
 
 @dataclass
