@@ -109,7 +109,9 @@ def corpus_fingerprint(texts: datasets.Dataset | Iterable[str]) -> str:
     digest = hashlib.sha256()
     for batch in text_batches(texts):
         for text in batch:
-            digest.update(text.encode("utf-8", "surrogatepass") + b"\0")
+            data = text.encode("utf-8", "surrogatepass")
+            # Length-prefixed, so no two different lists of texts hash the same bytes.
+            digest.update(len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()[:16]
 
 

@@ -43,9 +43,10 @@ def resolve_resume(resume: str, run_dir: Path) -> Path | None:
 
 
 def save_checkpoint(accelerator: Accelerator, run_dir: Path, step: int, tokens: int, keep: int) -> Path:
-    """Save a resumable state for `step`, then drop all but the newest `keep` checkpoints."""
+    """Save a resumable state for `step`, then drop all but the newest `keep` (>= 1) checkpoints."""
     path = checkpoint_root(run_dir) / f"step_{step:06d}"
     accelerator.save_state(str(path))
+    accelerator.wait_for_everyone()  # every rank's files are on disk before the checkpoint is marked complete
     if accelerator.is_main_process:
         # Written last: a checkpoint without this file was interrupted and is never resumed from.
         (path / STATE_FILE).write_text(json.dumps({"step": step, "tokens": tokens}))

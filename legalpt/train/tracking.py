@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 
 from accelerate import Accelerator
@@ -24,19 +25,25 @@ def tracker_name(logger: str) -> str | None:
     return logger
 
 
-def _has_wandb_key() -> bool:
+def wandb_offline_unless_keyed() -> None:
+    """Run wandb offline when no API key is configured, so a fresh machine never stops at a login prompt."""
     import wandb
 
-    return bool(os.environ.get("WANDB_API_KEY") or wandb.api.api_key)
+    if "WANDB_MODE" not in os.environ and not (os.environ.get("WANDB_API_KEY") or wandb.api.api_key):
+        os.environ["WANDB_MODE"] = "offline"
 
 
 def start_tracking(accelerator: Accelerator, logger: str, project: str, run_dir: Path, config: dict) -> str | None:
     """Start the tracker on rank 0; return where its run lives (or None when off)."""
     if tracker_name(logger) is None:
         return None
-    if "WANDB_MODE" not in os.environ and not _has_wandb_key():
-        os.environ["WANDB_MODE"] = "offline"
-    wandb_kwargs = {"dir": str(run_dir), "name": run_dir.name}
+    wandb_offline_unless_keyed()
+    # One wandb run per run folder: a resumed job continues it instead of starting another.
+    id_file = run_dir / "wandb_run_id"
+    if accelerator.is_main_process and not id_file.exists():
+        id_file.write_text(uuid.uuid4().hex[:12])
+    accelerator.wait_for_everyone()
+    wandb_kwargs = {"dir": str(run_dir), "name": run_dir.name, "id": id_file.read_text().strip(), "resume": "allow"}
     accelerator.init_trackers(project, config=config, init_kwargs={"wandb": wandb_kwargs})
     if not accelerator.is_main_process:
         return None
@@ -47,9 +54,14 @@ def start_tracking(accelerator: Accelerator, logger: str, project: str, run_dir:
 class MetricsLog:
     """Appends one JSON object per logged step to `<run_dir>/metrics.jsonl` and forwards it to the tracker."""
 
-    def __init__(self, accelerator: Accelerator, run_dir: Path):
+    def __init__(self, accelerator: Accelerator, run_dir: Path, start_step: int):
         self.accelerator = accelerator
         self.path = run_dir / "metrics.jsonl"
+        if accelerator.is_main_process and self.path.exists():
+            # A resumed run repeats the steps after its checkpoint: drop their old lines.
+            lines = self.path.read_text().splitlines()
+            kept = [line for line in lines if json.loads(line)["step"] <= start_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, step: int, values: dict[str, float]) -> None:
         self.accelerator.log(values, step=step)

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from legalpt.config import Config, TrainConfig, to_config
 from legalpt.data.pack import collate_packed
 from legalpt.data.pipeline import format_stats, prepare
-from legalpt.eval.perplexity import heldout_loss
+from legalpt.eval.perplexity import IGNORE_INDEX, heldout_loss
 from legalpt.model import build_model, count_parameters
 from legalpt.train.checkpoint import export_model, load_checkpoint, resolve_resume, save_checkpoint
 from legalpt.train.optim import build_optimizer, build_scheduler
@@ -41,7 +41,7 @@ class TrainResult:
 
     run_dir: Path
     export_dir: Path
-    checkpoint: Path
+    checkpoint: Path | None  # the newest resumable checkpoint (None if none was written or resumed from)
     wandb_dir: str | None
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
 
@@ -55,8 +55,13 @@ def mixed_precision(setting: str) -> str:
     return setting
 
 
-def make_loader(dataset, batch_size: int, accelerator: Accelerator, seed: int | None) -> DataLoader:
-    """Packed rows → flattened packed batches on this process's device; `seed` shuffles, None keeps order."""
+def make_loader(
+    dataset, batch_size: int, accelerator: Accelerator, seed: int | None, even_batches: bool = True
+) -> DataLoader:
+    """Packed rows → flattened packed batches on this process's device; `seed` shuffles, None keeps order.
+
+    `even_batches` pads the last round by repeating early rows so every rank steps together (training); evaluation
+    turns it off so no row is counted twice."""
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     loader = DataLoader(
         dataset, batch_size=batch_size, shuffle=seed is not None, generator=generator, collate_fn=collate_packed
@@ -67,6 +72,7 @@ def make_loader(dataset, batch_size: int, accelerator: Accelerator, seed: int | 
         num_processes=accelerator.num_processes,
         process_index=accelerator.process_index,
         put_on_device=True,
+        even_batches=even_batches,
     )
 
 
@@ -85,15 +91,22 @@ def micro_batches(dataset, cfg: TrainConfig, accelerator: Accelerator, skip: int
 
 
 def train_step(model, optimizer, batches: Iterator[dict], cfg: TrainConfig, accelerator: Accelerator):
-    """One optimizer step over `grad_accum` micro-batches; returns (loss, grad norm, tokens) without host syncs."""
+    """One optimizer step over `grad_accum` micro-batches; returns (loss, grad norm, tokens) without host syncs.
+
+    The loss is the mean over every predicted token of the step, on all ranks: each micro-batch's summed loss is
+    divided by the step's global target count (HF's `num_items_in_batch`), so micro-batches weigh by their tokens
+    and one with no targets (a row of padding) adds nothing instead of a NaN mean. DDP averages gradients over
+    ranks, hence the factor num_processes."""
+    micro_batches = [next(batches) for _ in range(cfg.grad_accum)]
+    targets = sum((batch["labels"][:, 1:] != IGNORE_INDEX).sum() for batch in micro_batches)
+    targets = accelerator.reduce(targets, "sum").clamp(min=1)
     loss_sum = torch.zeros((), device=accelerator.device)
     tokens = 0
-    for micro in range(cfg.grad_accum):
-        batch = next(batches)
+    for micro, batch in enumerate(micro_batches):
         tokens += batch["input_ids"].numel()
         # Gradients are all-reduced once, on the last micro-batch.
         with nullcontext() if micro == cfg.grad_accum - 1 else accelerator.no_sync(model):
-            loss = model(**batch).loss / cfg.grad_accum
+            loss = model(**batch, num_items_in_batch=targets).loss * accelerator.num_processes
             accelerator.backward(loss)
         loss_sum += loss.detach()
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
@@ -135,9 +148,22 @@ def file_log(path: Path, enabled: bool) -> Iterator[None]:
         handler.close()
 
 
+def check_train_config(cfg: TrainConfig) -> None:
+    """Values the loop cannot run with, named by their key, before anything is built."""
+    at_least = {"steps": 1, "batch_size": 1, "grad_accum": 1, "eval_every": 1, "save_every": 1, "log_every": 1,
+                "keep_checkpoints": 1, "warmup_steps": 0, "eval_batches": 0}  # fmt: skip
+    for key, low in at_least.items():
+        if getattr(cfg, key) < low:
+            raise ValueError(f"train.{key}: expected an integer >= {low}, got {getattr(cfg, key)}")
+    if cfg.lr <= 0 or not 0 <= cfg.min_lr_ratio <= 1:
+        raise ValueError(f"train.lr / train.min_lr_ratio: expected lr > 0 and 0 <= min_lr_ratio <= 1, "
+                         f"got {cfg.lr} / {cfg.min_lr_ratio}")  # fmt: skip
+
+
 def train(cfg: DictConfig | Config) -> TrainResult:
     """Run the pretraining job described by `cfg` and return where its outputs are."""
     cfg = to_config(cfg)
+    check_train_config(cfg.train)
     accelerator = Accelerator(
         mixed_precision=mixed_precision(cfg.train.mixed_precision), log_with=tracker_name(cfg.logger)
     )
@@ -154,7 +180,9 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     with accelerator.main_process_first():
         data = prepare(cfg.data, cfg.model.pretrained)
     log.info("data\n%s", format_stats(data.stats))
-    model = build_model(cfg.model, data.tokenizer)
+    # On the device before the optimizer exists, so AdamW can choose its fused kernel; train mode, since
+    # from_pretrained returns a model in eval mode.
+    model = build_model(cfg.model, data.tokenizer).to(accelerator.device).train()
     log.info("model: %s, %.1fM parameters", cfg.model.pretrained or cfg.model.arch, count_parameters(model) / 1e6)
 
     optimizer = build_optimizer(model, tc)
@@ -170,12 +198,18 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     wandb_dir = start_tracking(
         accelerator, cfg.logger, cfg.project, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     )
-    metrics = MetricsLog(accelerator, run_dir)
-    result = TrainResult(run_dir, run_dir / "hf", run_dir, wandb_dir)
+    metrics = MetricsLog(accelerator, run_dir, start_step=step)
+    result = TrainResult(run_dir, run_dir / "hf", resume_from, wandb_dir)
+    if data.heldout.num_rows == 0:
+        log.warning("the held-out split is empty (too few documents): training runs without evaluation")
 
     def evaluate() -> None:
-        loader = make_loader(data.heldout, tc.batch_size, accelerator, seed=None)
-        report = heldout_loss(model, loader, tc.eval_batches, lambda t: accelerator.reduce(t, "sum"))
+        if data.heldout.num_rows == 0:
+            return
+        loader = make_loader(data.heldout, tc.batch_size, accelerator, seed=None, even_batches=False)
+        # Unwrapped: ranks may see different numbers of batches, and DDP's forward would wait on the others.
+        unwrapped = accelerator.unwrap_model(model)
+        report = heldout_loss(unwrapped, loader, tc.eval_batches, lambda t: accelerator.reduce(t, "sum"))
         metrics.log(step, {"eval/loss": report["loss"], "eval/perplexity": report["perplexity"]})
         result.eval_losses.append((step, report["loss"]))
         log.info("step %d: eval loss %.4f, perplexity %.2f", step, report["loss"], report["perplexity"])
@@ -187,7 +221,8 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     window_tokens, window_start = 0, time.perf_counter()
     while step < tc.steps:
         loss, grad_norm, step_tokens = train_step(model, optimizer, batches, tc, accelerator)
-        scheduler.step()
+        if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits with the weights
+            scheduler.step()
         step += 1
         tokens += step_tokens
         window_tokens += step_tokens
@@ -204,10 +239,12 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
             metrics.log(step, values)
             bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{values['train/tokens_per_s']:.0f}")
             window_tokens, window_start = 0, time.perf_counter()
+        paused = time.perf_counter()
         if step % tc.eval_every == 0 or step == tc.steps:
             evaluate()
         if step % tc.save_every == 0 or step == tc.steps:
             result.checkpoint = save_checkpoint(accelerator, run_dir, step, tokens, tc.keep_checkpoints)
+        window_start += time.perf_counter() - paused  # tokens/s measures training, not evaluation and saving
     bar.close()
 
     result.export_dir = export_model(accelerator, model, data.tokenizer, run_dir)

@@ -140,3 +140,38 @@ def test_bad_settings_name_the_key(tmp_path):
         trainer.mixed_precision("fp8")
     with pytest.raises(ValueError, match="logger"):
         trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path}", "logger=tensorboardx")))
+
+
+def test_a_micro_batch_without_targets_adds_nothing_instead_of_nan(tmp_path):
+    """A packed row of padding alone (every label ignored) must not turn the step's loss or weights into NaN."""
+    from accelerate import Accelerator
+
+    from legalpt.config import ModelConfig
+    from legalpt.data.pack import collate_packed
+    from legalpt.data.tokenizer import train_bpe
+    from legalpt.model import build_model
+
+    tokenizer = train_bpe(["the parties agree to the terms of this agreement"] * 20, 300)
+    model = build_model(ModelConfig(arch="llama", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2,
+                                    intermediate_size=64), tokenizer)  # fmt: skip
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    real = collate_packed([{"input_ids": [5, 6, 7, eos], "seq_lens": [4], "num_pad": 0}])
+    padding = collate_packed([{"input_ids": [eos, pad, pad, pad], "seq_lens": [1, 3], "num_pad": 3}])
+    accelerator = Accelerator(cpu=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = TrainConfig(grad_accum=2, grad_clip=1.0)
+    with torch.no_grad():
+        expected = model(**real).loss  # the step's loss is the real row's mean: the padding row adds no target
+    loss, grad_norm, tokens = trainer.train_step(model, optimizer, iter([real, padding]), cfg, accelerator)
+    assert math.isfinite(loss.item()) and math.isfinite(float(grad_norm)) and tokens == 8
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "override", ["train.grad_accum=0", "train.eval_every=0", "train.keep_checkpoints=0", "train.steps=0"]
+)
+def test_values_the_loop_cannot_run_with_are_named(tmp_path, override):
+    key = override.split("=")[0]
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path}", override)))
