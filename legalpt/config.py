@@ -80,14 +80,50 @@ class TrainConfig:
 
 
 @dataclass
-class EvalConfig:
-    """Held-out evaluation of a checkpoint (`legalpt-eval`)."""
+class GenerationConfig:
+    """How the model continues a prompt (batched, KV cache)."""
 
-    checkpoint: str | None = None  # HF export folder or hub id; None = the newest run's export under `runs_dir`
+    max_new_tokens: int = 24  # tokens generated per prompt
+    do_sample: bool = False  # False = greedy
+    temperature: float = 1.0  # sampling temperature (with do_sample)
+    top_p: float = 1.0  # nucleus sampling mass (with do_sample)
+    batch_size: int = 16  # prompts per generate() call
+
+
+@dataclass
+class CitationEvalConfig:
+    """Citation completion and citation-set tasks, built from held-out opinions with eyecite."""
+
+    prompt_tokens: int = 256  # tokens of text before a citation given as its prompt (extended to keep the case name)
+    max_items: int = 200  # citation prompts evaluated, spread over documents with eval.seed; 0 = all
+    set_documents: int = 16  # opinions continued for citation-set precision/recall; 0 = task off
+    set_prompt_tokens: int = 512  # prompt length of each continued opinion
+    set_new_tokens: int = 256  # tokens generated (and compared with the real continuation of the same length)
+
+
+@dataclass
+class EvalConfig:
+    """`legalpt-eval`: perplexity, citation accuracy and multiple choice of one checkpoint, or two side by side."""
+
+    checkpoint: str | None = None  # HF folder, run folder or hub id; None = the newest run's export under `runs_dir`
+    compare: str | None = None  # a second checkpoint evaluated on the same items (e.g. base vs legal continuation)
     runs_dir: str = "runs"  # where `checkpoint=None` looks for the newest run
-    batch_size: int = 4  # packed rows per batch
-    max_batches: int = 0  # 0 = the whole held-out split
-    output: str | None = None  # JSON report path; None = eval.json next to the checkpoint
+    output_dir: str | None = None  # report folder; None = <checkpoint>/eval (./eval for a hub id)
+    tasks: list[str] = field(
+        default_factory=lambda: ["perplexity", "citations", "citation_set", "choice"]
+    )  # choice runs only when choice_data is set
+    batch_size: int = 4  # sequences per forward pass for perplexity and multiple choice
+    max_documents: int = 0  # held-out documents used (perplexity, citation items); 0 = all
+    perplexity_context: int = 0  # tokens per window; 0 = the model's max_position_embeddings
+    perplexity_stride: int = 0  # new tokens scored per window past the first; 0 = half the context
+    citations: CitationEvalConfig = field(default_factory=CitationEvalConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    choice_data: str | None = None  # CaseHOLD or LegalBench-style data: .csv/.tsv/.jsonl file or hub dataset name
+    choice_format: str = "auto"  # auto | casehold | legalbench
+    choice_split: str = "test"  # split of a hub dataset
+    eval_set: str | None = None  # eval_set.jsonl written by an earlier run: reuse its prompts and gold citations
+    bootstrap: int = 1000  # bootstrap resamples (over documents) for confidence intervals
+    seed: int = 0  # seed of item sampling, bootstrap and sampled generation
 
 
 @dataclass

@@ -79,10 +79,14 @@ def test_prepare_train_eval_from_the_command_line(tmp_path):
     assert (run_dir / ".hydra" / "config.yaml").is_file()
 
     assert newest_export(tmp_path / "runs") == run_dir / "hf"
-    evaluated = run_cli("eval", *common, f"eval.runs_dir={tmp_path / 'runs'}")
+    small_eval = ["eval.citations.max_items=4", "eval.citations.set_documents=1", "eval.citations.set_new_tokens=8",
+                  "eval.generation.max_new_tokens=8", "eval.perplexity_context=128", "eval.bootstrap=20"]  # fmt: skip
+    evaluated = run_cli("eval", *common, *small_eval, f"eval.runs_dir={tmp_path / 'runs'}")
     assert evaluated.returncode == 0, evaluated.stderr
-    report = json.loads((run_dir / "hf" / "eval.json").read_text())
-    assert report["tokens"] > 0 and report["perplexity"] > 1
+    report = json.loads((run_dir / "hf" / "eval" / "report.json").read_text())
+    result = report["checkpoints"][str(run_dir / "hf")]
+    assert result["perplexity"]["by_kind"]["all"]["perplexity"] > 1
+    assert (run_dir / "hf" / "eval" / "report.md").is_file()
 
 
 def test_eval_without_any_run_says_what_to_do(tmp_path):

@@ -1,7 +1,10 @@
-"""`legalpt-eval`: held-out loss and perplexity of a checkpoint, written as a JSON report.
+"""`legalpt-eval`: perplexity, citation accuracy, citation sets and multiple choice for one checkpoint or two.
 
-With no arguments it evaluates the newest run's HF export (under `eval.runs_dir`) on the held-out split of the
-configured corpus, using that checkpoint's own tokenizer.
+With no arguments it evaluates the newest run's HF export (under `eval.runs_dir`) on the held-out documents of the
+configured corpus — the demo corpus by default, split exactly as training split it. The eval set (citation prompts
+with their gold citations, and the opinions to continue) is built once from text, written to `eval_set.jsonl`, and
+used for every checkpoint, so a comparison (`eval.compare=...`) scores both models on the same items; pass
+`eval.eval_set=<that file>` to reuse it in a later run.
 """
 
 from __future__ import annotations
@@ -10,19 +13,56 @@ import dataclasses
 import json
 from pathlib import Path
 
+import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoTokenizer
 
-from legalpt.config import Config, to_config
-from legalpt.data.pipeline import prepare
-from legalpt.eval.perplexity import heldout_loss
+from legalpt.config import Config, DataConfig, EvalConfig, to_config
+from legalpt.data.pipeline import split_documents
+from legalpt.data.sources import load_documents
+from legalpt.eval import choice, citations
+from legalpt.eval.generate import generate, generate_with_stats
+from legalpt.eval.perplexity import document_perplexity
+from legalpt.eval.report import TASKS, write_report
 from legalpt.model import build_model
 from legalpt.train.checkpoint import export_dir
-from legalpt.train.trainer import make_loader, mixed_precision
+from legalpt.train.trainer import mixed_precision
 
 # accelerate's logger: rank 0 alone writes, whatever the number of processes.
 log = get_logger(__name__)
+
+
+@dataclasses.dataclass
+class EvalSet:
+    """Everything scored, as text: the same for every checkpoint of a run and reusable across runs."""
+
+    citation_items: list[citations.CitationItem]
+    set_items: list[citations.SetItem]
+    stats: dict
+
+    def save(self, path: Path) -> None:
+        with path.open("w") as f:
+            f.write(json.dumps({"type": "stats", **self.stats}) + "\n")
+            for item in self.citation_items:
+                f.write(json.dumps({"type": "citation", **item.to_dict()}) + "\n")
+            for item in self.set_items:
+                f.write(json.dumps({"type": "citation_set", **item.to_dict()}) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> EvalSet:
+        if not path.is_file():
+            raise FileNotFoundError(f"eval.eval_set={str(path)!r}: no such file (an eval_set.jsonl of an earlier run)")
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        by_type: dict[str, list[dict]] = {"stats": [], "citation": [], "citation_set": []}
+        for record in records:
+            by_type[record.pop("type")].append(record)
+        return cls(
+            citation_items=[citations.CitationItem.from_dict(r) for r in by_type["citation"]],
+            set_items=[citations.SetItem.from_dict(r) for r in by_type["citation_set"]],
+            stats=by_type["stats"][0] if by_type["stats"] else {},
+        )
 
 
 def newest_export(runs_dir: Path) -> Path:
@@ -36,41 +76,142 @@ def newest_export(runs_dir: Path) -> Path:
     return max(exports, key=lambda p: (p / "config.json").stat().st_mtime)
 
 
-def resolve_checkpoint(cfg: Config) -> str:
-    """`eval.checkpoint` (a run folder means its export) or the newest run's export."""
-    if cfg.eval.checkpoint is None:
-        return str(newest_export(Path(cfg.eval.runs_dir)))
-    path = Path(cfg.eval.checkpoint).expanduser()
+def resolve_checkpoint(checkpoint: str | None, runs_dir: str) -> str:
+    """A checkpoint setting as something `from_pretrained` loads: a run folder means its export; None the newest."""
+    if checkpoint is None:
+        return str(newest_export(Path(runs_dir)))
+    path = Path(checkpoint).expanduser()
     if (export_dir(path) / "config.json").is_file():
         return str(export_dir(path))
-    return cfg.eval.checkpoint
+    return checkpoint
 
 
-def default_report_path(checkpoint: str) -> Path:
-    """eval.json inside a local checkpoint folder; in the working directory for a hub id."""
+def default_output_dir(checkpoint: str) -> Path:
+    """<checkpoint>/eval for a local folder; ./eval for a hub id."""
     folder = Path(checkpoint).expanduser()
-    return folder / "eval.json" if folder.is_dir() else Path("eval.json")
+    return folder / "eval" if folder.is_dir() else Path("eval")
+
+
+def heldout_documents(cfg: DataConfig, max_documents: int) -> tuple[list[dict], dict]:
+    """The held-out documents of the corpus, split as training split them; and what loading skipped."""
+    documents, skipped = load_documents(cfg)
+    heldout = split_documents(documents, cfg.heldout_fraction, cfg.seed)[1]
+    if max_documents:
+        heldout = heldout.select(range(min(max_documents, heldout.num_rows)))
+    rows = [{"id": r["id"], "text": r["text"], "kind": r["kind"]} for r in heldout]
+    if not rows:
+        raise ValueError("data: the held-out split is empty; use more documents or a larger data.heldout_fraction")
+    return rows, {"documents": len(rows), "skipped": str(skipped)}
+
+
+def build_eval_set(documents: list[dict], tokenizer, cfg: EvalConfig, tasks: list[str]) -> EvalSet:
+    """Citation prompts and opinions to continue, from the held-out documents."""
+    c = cfg.citations
+    items, stats = citations.build_citation_items(documents, tokenizer, c.prompt_tokens, c.max_items, cfg.seed)
+    sets = []
+    if "citation_set" in tasks and c.set_documents > 0:
+        sets = citations.set_items(
+            documents, tokenizer, c.set_documents, c.set_prompt_tokens, c.set_new_tokens, cfg.seed
+        )
+    return EvalSet(items, sets, {"citations": stats, "citation_set_items": len(sets)})
+
+
+def check_tasks(cfg: EvalConfig) -> list[str]:
+    """The tasks to run; choice only with data to run it on."""
+    unknown = [t for t in cfg.tasks if t not in TASKS]
+    if unknown:
+        raise ValueError(f"eval.tasks: unknown {unknown}, expected a subset of {list(TASKS)}")
+    return [t for t in cfg.tasks if t != "choice" or cfg.choice_data]
+
+
+def evaluate_checkpoint(
+    checkpoint: str, cfg: Config, tasks: list[str], documents: list[dict], eval_set: EvalSet, accelerator
+) -> dict:
+    """Every requested task for one checkpoint; generations are kept per item for the report."""
+    e = cfg.eval
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = build_model(dataclasses.replace(cfg.model, pretrained=checkpoint), tokenizer).to(accelerator.device)
+    model.eval()
+    result: dict = {"checkpoint": checkpoint}
+    context = e.perplexity_context or model.config.max_position_embeddings
+    with torch.no_grad(), accelerator.autocast():
+        if "perplexity" in tasks:
+            stride = e.perplexity_stride or context // 2
+            result["perplexity"] = document_perplexity(
+                model, tokenizer, documents, context, stride, e.batch_size, e.bootstrap, e.seed
+            )
+        if "citations" in tasks:
+            result["citations"] = score_citations(model, tokenizer, documents, eval_set, e)
+        if "citation_set" in tasks and eval_set.set_items:
+            result["citation_set"] = score_citation_sets(model, tokenizer, eval_set, e)
+        if "choice" in tasks:
+            items = choice.load_choice_items(e.choice_data, e.choice_format, e.choice_split)
+            predictions = choice.score_choices(model, tokenizer, items, e.batch_size)
+            result["choice"] = choice.summarize_choices(items, predictions, e.bootstrap, e.seed)
+    return result
+
+
+def score_citations(model, tokenizer, documents: list[dict], eval_set: EvalSet, cfg: EvalConfig) -> dict:
+    items = eval_set.citation_items
+    index = citations.CitationIndex.from_documents(documents)
+    generated = generate_with_stats(model, tokenizer, [item.prompt for item in items], cfg.generation, cfg.seed,
+                                    desc="citations")  # fmt: skip
+    texts = generated.texts
+    scores = [citations.score_citation(item, text, index) for item, text in zip(items, texts, strict=True)]
+    summary = citations.summarize_citations(items, scores, cfg.bootstrap, cfg.seed)
+    summary["generation"] = {
+        "prompts": len(items),
+        "new_tokens": sum(generated.new_tokens),
+        "seconds": generated.seconds,
+        "prompts_per_s": len(items) / generated.seconds if generated.seconds else float("nan"),
+        "truncated_prompts": sum(1 for t in generated.truncated if t),
+    }
+    summary["items"] = [
+        {"id": item.id, "form": item.form, "generation": text, **score}
+        for item, text, score in zip(items, texts, scores, strict=True)
+    ]
+    return summary
+
+
+def score_citation_sets(model, tokenizer, eval_set: EvalSet, cfg: EvalConfig) -> dict:
+    items = eval_set.set_items
+    generation_cfg = dataclasses.replace(cfg.generation, max_new_tokens=cfg.citations.set_new_tokens)
+    texts = generate(model, tokenizer, [item.prompt for item in items], generation_cfg, cfg.seed, "citation sets")
+    scores = [citations.score_citation_set(text, item.reference) for item, text in zip(items, texts, strict=True)]
+    return citations.summarize_citation_set(items, scores, cfg.bootstrap, cfg.seed)
 
 
 def evaluate(cfg: DictConfig | Config) -> dict:
-    """Evaluate the checkpoint `cfg` names; return the report that is also written as JSON."""
+    """Evaluate the checkpoint(s) `cfg` names, write the report, and return it."""
     cfg = to_config(cfg)
-    checkpoint = resolve_checkpoint(cfg)
+    tasks = check_tasks(cfg.eval)
+    checkpoints = [resolve_checkpoint(cfg.eval.checkpoint, cfg.eval.runs_dir)]
+    if cfg.eval.compare:
+        checkpoints.append(resolve_checkpoint(cfg.eval.compare, cfg.eval.runs_dir))
+    out_dir = Path(cfg.eval.output_dir or default_output_dir(checkpoints[0])).expanduser()
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision))
-    data = prepare(cfg.data, checkpoint)
-    model = accelerator.prepare(build_model(dataclasses.replace(cfg.model, pretrained=checkpoint), data.tokenizer))
-    loader = make_loader(data.heldout, cfg.eval.batch_size, accelerator, seed=None)
-    metrics = heldout_loss(model, loader, cfg.eval.max_batches, lambda t: accelerator.reduce(t, "sum"))
-    report = {"checkpoint": checkpoint, "heldout_documents": data.stats["heldout"]["documents"], **metrics}
-    output = Path(cfg.eval.output or default_report_path(checkpoint))
-    if accelerator.is_main_process:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(report, indent=2))
+
+    documents, data_stats = heldout_documents(cfg.data, cfg.eval.max_documents)
+    if cfg.eval.eval_set:
+        eval_set = EvalSet.load(Path(cfg.eval.eval_set).expanduser())
+    else:
+        eval_set = build_eval_set(documents, AutoTokenizer.from_pretrained(checkpoints[0]), cfg.eval, tasks)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    eval_set.save(out_dir / "eval_set.jsonl")
     log.info(
-        "held-out loss %.4f, perplexity %.2f over %d tokens → %s",
-        report["loss"],
-        report["perplexity"],
-        report["tokens"],
-        output,
+        "eval set: %d citation prompts, %d opinions to continue → %s",
+        len(eval_set.citation_items),
+        len(eval_set.set_items),
+        out_dir / "eval_set.jsonl",
     )
+
+    results = {ckpt: evaluate_checkpoint(ckpt, cfg, tasks, documents, eval_set, accelerator) for ckpt in checkpoints}
+    report = {
+        "checkpoints": results,
+        "data": data_stats,
+        "eval_set": {"path": str(out_dir / "eval_set.jsonl"), **eval_set.stats},
+        "config": OmegaConf.to_container(OmegaConf.structured(cfg.eval), resolve=True),
+    }
+    paths = write_report(report, out_dir, cfg.logger, cfg.project)
+    log.info("report: %s", ", ".join(str(p) for p in paths))
     return report

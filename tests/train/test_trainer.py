@@ -142,10 +142,9 @@ def test_bad_settings_name_the_key(tmp_path):
         trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path}", "logger=tensorboardx")))
 
 
-def test_a_micro_batch_without_targets_adds_nothing_instead_of_nan(tmp_path):
-    """A packed row of padding alone (every label ignored) must not turn the step's loss or weights into NaN."""
-    from accelerate import Accelerator
-
+@pytest.fixture
+def model_and_batches():
+    """A one-layer model, a packed batch of one document, and a batch that is all padding (no targets)."""
     from legalpt.config import ModelConfig
     from legalpt.data.pack import collate_packed
     from legalpt.data.tokenizer import train_bpe
@@ -157,6 +156,14 @@ def test_a_micro_batch_without_targets_adds_nothing_instead_of_nan(tmp_path):
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     real = collate_packed([{"input_ids": [5, 6, 7, eos], "seq_lens": [4], "num_pad": 0}])
     padding = collate_packed([{"input_ids": [eos, pad, pad, pad], "seq_lens": [1, 3], "num_pad": 3}])
+    return model, real, padding
+
+
+def test_a_micro_batch_without_targets_adds_nothing_instead_of_nan(model_and_batches):
+    """A packed row of padding alone (every label ignored) must not turn the step's loss or weights into NaN."""
+    from accelerate import Accelerator
+
+    model, real, padding = model_and_batches
     accelerator = Accelerator(cpu=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     cfg = TrainConfig(grad_accum=2, grad_clip=1.0)
@@ -175,3 +182,14 @@ def test_values_the_loop_cannot_run_with_are_named(tmp_path, override):
     key = override.split("=")[0]
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path}", override)))
+
+
+def test_heldout_loss_skips_batches_without_targets(model_and_batches):
+    from legalpt.eval.perplexity import heldout_loss
+
+    model, real, padding = model_and_batches
+    report = heldout_loss(model, [real, padding])
+    with torch.no_grad():
+        expected = model(**real).loss.item()
+    assert report["tokens"] == 3
+    assert report["loss"] == pytest.approx(expected, rel=1e-5)

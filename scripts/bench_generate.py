@@ -1,0 +1,193 @@
+"""Generation throughput: legalpt attention against transformers' sdpa, same weights, same prompts, one process.
+
+A model preset is built from its config with random weights (conf/model/<preset>.yaml), with a byte-level BPE trained
+on the demo corpus. The prompts are citation-style: the text of the demo opinions just before their citations (so a
+prompt ends with the case name, "..., Marlowe Logistics Corp. v. Quarry Networks L.P., "), cut to its last
+--prompt-tokens tokens. eos is held back, so every prompt generates exactly --max-new-tokens tokens whatever the random
+weights predict. For each batch size, `legalpt.eval.generate` runs once to warm up and once timed, first with
+attn_implementation="legalpt", then "sdpa". The rows (prompts/s, new tokens/s, ours/sdpa) go to
+<out>/generate-<gpu>-<yyyymmdd>.json with a header naming the GPU, versions, commit, date and command.
+
+    python scripts/bench_generate.py                                            # 1b preset, bf16, cuda
+    python scripts/bench_generate.py --preset tiny --device cpu --prompts 8     # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import transformers
+from omegaconf import OmegaConf
+
+from legalpt.attention import BACKEND_ENV, get_backend
+from legalpt.config import CONF_DIR, GenerationConfig, ModelConfig
+from legalpt.data.synthetic import generate_documents
+from legalpt.data.tokenizer import train_bpe
+from legalpt.eval.generate import generate_with_stats
+from legalpt.model import build_model, count_parameters
+
+ROOT = Path(__file__).resolve().parent.parent
+ATTENTIONS = ("legalpt", "sdpa")  # ours first, then the baseline on the same weights
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="1b", help="model preset in conf/model/")
+    parser.add_argument("--device", default="cuda", help="cuda | cpu")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 on cpu) | bfloat16 | float32")
+    parser.add_argument("--backend", default="auto", help="backend behind legalpt attention: auto | reference | sdpa")
+    parser.add_argument("--prompts", type=int, default=256, help="number of prompts")
+    parser.add_argument("--prompt-tokens", type=int, default=256, help="tokens of text before each citation")
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per prompt (eos held back)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64], help="prompts per generate() call")
+    parser.add_argument("--documents", type=int, default=64, help="demo documents (prompts and tokenizer corpus)")
+    parser.add_argument("--vocab-size", type=int, default=32000, help="BPE size (fewer if the corpus runs out)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder of the JSON record")
+    args = parser.parse_args(argv)
+    for name in ("prompts", "prompt_tokens", "max_new_tokens", "documents"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    if min(args.batch_sizes) < 1:
+        parser.error(f"--batch-sizes must all be >= 1; got {args.batch_sizes}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA GPU here (use --device cpu for a smoke test)")
+    return args
+
+
+def citation_prompts(documents: list[dict], tokenizer, count: int, prompt_tokens: int) -> list[str]:
+    """`count` prompts spread evenly over every place where an opinion cites a case (full or short form): the
+    `prompt_tokens` tokens before the citation's volume number."""
+    places = []  # (text, offset of the volume number), in document order
+    for document in documents:
+        text, starts = document["text"], []
+        for citation in document["meta"].get("citations", []):
+            needle = f"{citation['volume']} {citation['reporter']} "
+            start = text.find(needle)
+            while start >= 0:
+                starts.append(start)
+                start = text.find(needle, start + 1)
+        places += [(text, start) for start in sorted(starts)]
+    if len(places) < count:
+        raise ValueError(f"--prompts: the corpus has {len(places)} citations, fewer than {count}; raise --documents")
+    prompts = []
+    for i in range(count):
+        text, start = places[i * len(places) // count]
+        before = text[max(0, start - 16 * prompt_tokens) : start]  # more characters than tokens needed
+        ids = tokenizer(before, add_special_tokens=False)["input_ids"][-prompt_tokens:]
+        prompts.append(tokenizer.decode(ids))
+    return prompts
+
+
+def model_config(preset: str, dtype: str, backend: str) -> ModelConfig:
+    path = CONF_DIR / "model" / f"{preset}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"--preset: no {path}")
+    overrides = {"dtype": dtype, "attn_implementation": "legalpt", "attention_backend": backend}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path), overrides))
+
+
+def timed(model, tokenizer, prompts: list[str], cfg: GenerationConfig, device: str, desc: str) -> dict:
+    """One warm-up batch, then every prompt timed; the clock reads after the device has finished."""
+    generate_with_stats(
+        model, tokenizer, prompts[: cfg.batch_size], cfg, desc=f"{desc} warm-up", min_new_tokens=cfg.max_new_tokens
+    )
+    synchronize(device)
+    start = time.perf_counter()
+    result = generate_with_stats(model, tokenizer, prompts, cfg, desc=desc, min_new_tokens=cfg.max_new_tokens)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    return {
+        "prompts": len(prompts),
+        "prompt_tokens": sum(result.prompt_tokens),
+        "new_tokens": sum(result.new_tokens),
+        "seconds": seconds,
+        "prompts_per_s": len(prompts) / seconds,
+        "new_tokens_per_s": sum(result.new_tokens) / seconds,
+    }
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def header(args: argparse.Namespace, model, tokenizer, dtype: str) -> dict:
+    stamp = datetime.now(timezone.utc)
+    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"cpu{os.cpu_count()}"
+    return {
+        "gpu": device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "commit": os.environ.get("LEGALPT_COMMIT") or git_commit(),
+        "date": stamp.isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "preset": args.preset,
+        "parameters": count_parameters(model),
+        "vocab_size": len(tokenizer),
+        "dtype": dtype,
+        "legalpt_backend": os.environ.get(BACKEND_ENV) or get_backend(),
+        "max_new_tokens": args.max_new_tokens,
+        "prompt_tokens": args.prompt_tokens,
+    }
+
+
+def git_commit() -> str:
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    except OSError:
+        return "unknown"
+    return found.stdout.strip() or "unknown"
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'attention':<10} {'batch':>5} {'prompts/s':>10} {'new tokens/s':>13} {'ours/sdpa':>10}"]
+    for row in rows:
+        ratio = f"{row['ratio_vs_sdpa']:.2f}" if "ratio_vs_sdpa" in row else ""
+        lines.append(
+            f"{row['attention']:<10} {row['batch_size']:>5} {row['prompts_per_s']:>10.2f} "
+            f"{row['new_tokens_per_s']:>13.1f} {ratio:>10}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if args.device.startswith("cuda") else "float32")
+    cfg = model_config(args.preset, dtype, args.backend)
+    documents = generate_documents(args.documents)
+    tokenizer = train_bpe([document["text"] for document in documents], args.vocab_size)
+    prompts = citation_prompts(documents, tokenizer, args.prompts, args.prompt_tokens)
+    torch.manual_seed(0)
+    with torch.device(args.device):  # initialise on the device: a 1b model is slow to initialise on the host
+        model = build_model(cfg, tokenizer)
+    rows = []
+    for batch_size in args.batch_sizes:
+        generation = GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=batch_size)
+        for attention in ATTENTIONS:
+            model.set_attn_implementation(attention)
+            measured = timed(model, tokenizer, prompts, generation, args.device, f"{attention} bs={batch_size}")
+            rows.append({"attention": attention, "batch_size": batch_size, **measured})
+        ours, sdpa = rows[-2], rows[-1]
+        ours["ratio_vs_sdpa"] = ours["new_tokens_per_s"] / sdpa["new_tokens_per_s"]
+    record = {"header": header(args, model, tokenizer, dtype), "rows": rows}
+    name = record["header"]["gpu"].replace(" ", "-")
+    path = args.out / f"generate-{name}-{datetime.now(timezone.utc):%Y%m%d}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Batched generation against a plain greedy loop without a cache, and the benchmark script's smoke mode."""
+
+import json
+import logging
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import PreTrainedTokenizerFast
+
+import legalpt.hf
+from legalpt.config import CONF_DIR, GenerationConfig, ModelConfig
+from legalpt.eval.generate import generate, generate_with_stats
+from legalpt.model import build_model
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDS = 300  # ordinary words w0 .. w299 after the four special tokens
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+
+def make_tokenizer(eos: str = "</s>") -> PreTrainedTokenizerFast:
+    """A word-level tokenizer: one token per word, and decoding joins words with spaces, so texts compare exactly."""
+    words = SPECIALS + [f"w{i}" for i in range(WORDS)]
+    tokenizer = Tokenizer(WordLevel({word: i for i, word in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token=eos, pad_token="<pad>"
+    )
+
+
+def make_model(tokenizer: PreTrainedTokenizerFast, **overrides) -> torch.nn.Module:
+    """The `tiny` preset, untied, with matrices drawn wider than at init so that the context (and any padding that
+    leaks into attention) changes which token wins."""
+    preset = OmegaConf.load(CONF_DIR / "model" / "tiny.yaml")
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), preset, {"tie_word_embeddings": False, **overrides})
+    model = build_model(OmegaConf.to_object(merged), tokenizer)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.normal_(std=0.1)
+    return model.eval()
+
+
+def random_prompt(length: int) -> str:
+    return " ".join(f"w{random.randrange(WORDS)}" for _ in range(length))
+
+
+def greedy_reference(model, tokenizer, prompt_ids: list[int], steps: int) -> list[int]:
+    """Token by token: the whole sequence recomputed with sdpa at each step, no cache, no padding."""
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    tokens = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(steps):
+            tokens.append(int(model(torch.tensor([tokens]), use_cache=False).logits[0, -1].argmax()))
+            if tokens[-1] == tokenizer.eos_token_id:
+                break
+    model.set_attn_implementation(implementation)
+    return tokens[len(prompt_ids) :]
+
+
+def encode(tokenizer, prompt: str) -> list[int]:
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def test_greedy_batches_match_a_loop_without_cache_in_prompt_order():
+    tokenizer = make_tokenizer()
+    model = make_model(tokenizer)
+    lengths = [5, 31, 12, 2, 31, 18, 9]  # unsorted, with a tie, so sorting and batching reorder them
+    prompts = [random_prompt(n) for n in lengths]
+    cfg = GenerationConfig(max_new_tokens=7, batch_size=3)
+    free = [greedy_reference(model, tokenizer, encode(tokenizer, p), cfg.max_new_tokens) for p in prompts]
+    # Make a token that prompt 0 produces at its third step the eos, so at least one row stops early.
+    tokenizer = make_tokenizer(eos=tokenizer.convert_ids_to_tokens(free[0][2]))
+    expected = [greedy_reference(model, tokenizer, encode(tokenizer, p), cfg.max_new_tokens) for p in prompts]
+    assert len(expected[0]) <= 3 and expected[0][-1] == tokenizer.eos_token_id
+
+    result = generate_with_stats(model, tokenizer, prompts, cfg)
+
+    assert result.texts == tokenizer.batch_decode(expected, skip_special_tokens=True)
+    assert result.new_tokens == [len(tokens) for tokens in expected]
+    assert result.prompt_tokens == lengths
+    assert result.truncated == [0] * len(prompts)
+    assert result.seconds > 0
+    assert generate(model, tokenizer, prompts, cfg) == result.texts
+
+
+def test_legalpt_and_sdpa_attention_generate_the_same_tokens():
+    tokenizer = make_tokenizer()
+    model = make_model(tokenizer)
+    prompts = [random_prompt(n) for n in (3, 17, 40, 8)]
+    cfg = GenerationConfig(max_new_tokens=10, batch_size=4)
+    assert model.config._attn_implementation == legalpt.hf.NAME
+    ours = generate_with_stats(model, tokenizer, prompts, cfg, min_new_tokens=cfg.max_new_tokens)
+    model.set_attn_implementation("sdpa")
+    expected = generate_with_stats(model, tokenizer, prompts, cfg, min_new_tokens=cfg.max_new_tokens)
+    assert ours.texts == expected.texts
+    assert ours.new_tokens == [cfg.max_new_tokens] * len(prompts)
+
+
+def recording(monkeypatch) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """Record (function, q shape, k shape) of every legalpt attention call that transformers makes."""
+    calls = []
+    for name in ("flash_attn_func", "flash_attn_varlen_func"):
+        original = getattr(legalpt.hf, name)
+
+        def wrapped(q, k, *args, _name=name, _original=original, **kwargs):
+            calls.append((_name, tuple(q.shape[:-2]), tuple(k.shape[:-2])))
+            return _original(q, k, *args, **kwargs)
+
+        monkeypatch.setattr(legalpt.hf, name, wrapped)
+    return calls
+
+
+def test_prefill_and_every_decode_step_run_legalpt_attention(monkeypatch):
+    tokenizer = make_tokenizer()
+    model = make_model(tokenizer)
+    layers, steps = model.config.num_hidden_layers, 5
+    cfg = GenerationConfig(max_new_tokens=steps, batch_size=2)
+    calls = recording(monkeypatch)
+
+    generate(model, tokenizer, [random_prompt(3), random_prompt(9)], cfg, min_new_tokens=steps)
+
+    # Padded batch: varlen over the 12 real prompt tokens, then one query per row over its cached real tokens.
+    expected = [("flash_attn_varlen_func", (12,), (12,))] * layers
+    for step in range(1, steps):
+        expected += [("flash_attn_varlen_func", (2,), (12 + 2 * step,))] * layers
+    assert calls == expected
+
+    calls.clear()
+    generate(model, tokenizer, [random_prompt(6)], cfg, min_new_tokens=steps)
+    expected = [("flash_attn_func", (1, 6), (1, 6))] * layers  # no padding: the dense function
+    for step in range(1, steps):
+        expected += [("flash_attn_func", (1, 1), (1, 6 + step))] * layers
+    assert calls == expected
+
+
+def test_sampling_repeats_with_its_seed_and_leaves_the_global_rng_alone():
+    tokenizer = make_tokenizer()
+    model = make_model(tokenizer)
+    prompts = [random_prompt(n) for n in (4, 11, 20)]
+    cfg = GenerationConfig(max_new_tokens=12, do_sample=True, temperature=1.5, top_p=0.95, batch_size=2)
+    state = torch.get_rng_state()
+    first = generate(model, tokenizer, prompts, cfg, seed=3)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(random.randrange(2**31))  # the global seed plays no part
+    assert generate(model, tokenizer, prompts, cfg, seed=3) == first
+    assert generate(model, tokenizer, prompts, cfg, seed=4) != first
+    greedy = generate(model, tokenizer, prompts, GenerationConfig(max_new_tokens=12, batch_size=2))
+    assert greedy != first
+    # A nucleus this small keeps only the top token: sampling is then greedy, so top_p reaches the sampler.
+    narrow = GenerationConfig(max_new_tokens=12, do_sample=True, top_p=1e-6, batch_size=2)
+    assert generate(model, tokenizer, prompts, narrow, seed=5) == greedy
+
+
+def test_long_prompts_keep_their_last_tokens_and_are_counted(caplog):
+    tokenizer = make_tokenizer()
+    model = make_model(tokenizer, max_position_embeddings=32)
+    cfg = GenerationConfig(max_new_tokens=8, batch_size=2)  # room for 24 prompt tokens
+    prompts = [random_prompt(40), random_prompt(10), random_prompt(25)]
+    expected = [greedy_reference(model, tokenizer, encode(tokenizer, p)[-24:], 8) for p in prompts]
+    model.train()
+    with caplog.at_level(logging.WARNING, logger="legalpt.eval.generate"):
+        result = generate_with_stats(model, tokenizer, prompts, cfg)
+    assert model.training  # the caller's mode comes back
+    assert result.truncated == [16, 0, 1]
+    assert result.prompt_tokens == [24, 10, 24]
+    assert "2 of 3 prompts" in caplog.text and "17 tokens" in caplog.text
+    assert result.texts == tokenizer.batch_decode(expected, skip_special_tokens=True)
+
+
+def test_empty_prompt_list_gives_an_empty_list():
+    tokenizer = make_tokenizer()
+    assert generate(make_model(tokenizer), tokenizer, [], GenerationConfig()) == []
+
+
+@pytest.mark.parametrize(
+    ("prompts", "cfg", "extra", "error", "message"),
+    [
+        ("w1 w2", GenerationConfig(), {}, TypeError, "prompts: expected a list of str"),
+        (["w1", 7], GenerationConfig(), {}, TypeError, "prompts: expected a list of str"),
+        (["w1", "  "], GenerationConfig(), {}, ValueError, r"prompts\[1\]"),
+        (["w1"], GenerationConfig(max_new_tokens=0), {}, ValueError, "generation.max_new_tokens"),
+        (["w1"], GenerationConfig(max_new_tokens=2048), {}, ValueError, "max_position_embeddings=2048"),
+        (["w1"], GenerationConfig(batch_size=0), {}, ValueError, "generation.batch_size"),
+        (["w1"], GenerationConfig(do_sample=True, temperature=0.0), {}, ValueError, "generation.temperature"),
+        (["w1"], GenerationConfig(do_sample=True, top_p=0.0), {}, ValueError, "generation.top_p"),
+        (["w1"], GenerationConfig(max_new_tokens=4), {"min_new_tokens": 5}, ValueError, "min_new_tokens"),
+        (["w1"], GenerationConfig(), {"seed": 1.5}, TypeError, "seed"),
+    ],
+)
+def test_bad_arguments_raise_before_generating(prompts, cfg, extra, error, message):
+    tokenizer = make_tokenizer()
+    with pytest.raises(error, match=message):
+        generate(make_model(tokenizer), tokenizer, prompts, cfg, **extra)
+
+
+def test_bench_script_smoke_mode_writes_its_json(tmp_path):
+    command = [
+        sys.executable, str(ROOT / "scripts" / "bench_generate.py"), "--preset", "tiny", "--device", "cpu",
+        "--prompts", "6", "--prompt-tokens", "32", "--max-new-tokens", "4", "--batch-sizes", "2", "4",
+        "--documents", "4", "--vocab-size", "512", "--out", str(tmp_path),
+    ]  # fmt: skip
+    finished = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    (path,) = tmp_path.glob("generate-cpu*-*.json")
+    record = json.loads(path.read_text())
+    assert {"gpu", "torch", "transformers", "cuda", "commit", "date", "command"} <= set(record["header"])
+    rows = record["rows"]
+    assert [(row["attention"], row["batch_size"]) for row in rows] == [
+        ("legalpt", 2), ("sdpa", 2), ("legalpt", 4), ("sdpa", 4)
+    ]  # fmt: skip
+    for row in rows:
+        assert row["prompts"] == 6 and row["new_tokens"] == 6 * 4
+        assert row["prompts_per_s"] > 0 and row["new_tokens_per_s"] > 0
+    assert rows[0]["ratio_vs_sdpa"] == pytest.approx(rows[0]["new_tokens_per_s"] / rows[1]["new_tokens_per_s"])
+    assert "new tokens/s" in finished.stdout

@@ -1,0 +1,148 @@
+"""`legalpt-eval` end to end on tiny models: every task, two checkpoints side by side, report files, eval-set reuse."""
+
+import json
+
+import pytest
+import torch
+
+from legalpt.config import DataConfig, ModelConfig, compose
+from legalpt.data.pipeline import prepare
+from legalpt.eval.run import EvalSet, evaluate
+from legalpt.model import build_model
+
+DATA = ["data.synthetic_documents=12", "data.seq_len=128", "data.vocab_size=600", "data.heldout_fraction=0.25"]
+FAST = [
+    "model=tiny",
+    "logger=none",
+    "eval.max_documents=3",
+    "eval.perplexity_context=128",
+    "eval.citations.max_items=12",
+    "eval.citations.prompt_tokens=48",
+    "eval.citations.set_documents=2",
+    "eval.citations.set_prompt_tokens=48",
+    "eval.citations.set_new_tokens=24",
+    "eval.generation.max_new_tokens=12",
+    "eval.bootstrap=50",
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two tiny checkpoints (different initialisations) saved as run exports, with the demo corpus's tokenizer."""
+    root = tmp_path_factory.mktemp("runs")
+    cache = root / "cache"
+    data = prepare(
+        DataConfig(synthetic_documents=12, seq_len=128, vocab_size=600, heldout_fraction=0.25, cache_dir=str(cache))
+    )
+    for name, seed in (("base", 0), ("legal", 1)):
+        torch.manual_seed(seed)
+        model = build_model(
+            ModelConfig(
+                arch="llama",
+                hidden_size=64,
+                num_layers=2,
+                num_heads=4,
+                num_kv_heads=2,
+                intermediate_size=128,
+                max_position_embeddings=512,
+            ),
+            data.tokenizer,
+        )
+        model.save_pretrained(root / name / "hf")
+        data.tokenizer.save_pretrained(root / name / "hf")
+    casehold = root / "casehold.csv"
+    casehold.write_text(
+        "citing_prompt,holding_0,holding_1,holding_2,holding_3,holding_4,label\n"
+        '"The court held <HOLDING> in that case.",holding that a contract requires consideration,'
+        "holding that the statute applies,holding nothing,holding that notice was due,holding for the plaintiff,0\n"
+        '"See id. <HOLDING> which controls here.",holding that waiver is valid,holding that time is of the essence,'
+        "holding the claim barred,holding the term void,holding for the defendant,2\n"
+    )
+    return root, cache, casehold
+
+
+def overrides(runs, *extra):
+    root, cache, casehold = runs
+    return [*FAST, *DATA, f"data.cache_dir={cache}", f"eval.runs_dir={root}", f"eval.choice_data={casehold}", *extra]
+
+
+def test_two_checkpoints_every_task_and_the_report(runs, tmp_path):
+    root = runs[0]
+    report = evaluate(
+        compose(
+            "eval",
+            overrides(
+                runs,
+                f"eval.checkpoint={root / 'base'}",
+                f"eval.compare={root / 'legal'}",
+                f"eval.output_dir={tmp_path}",
+            ),
+        )
+    )
+    results = report["checkpoints"]
+    assert list(results) == [str(root / "base" / "hf"), str(root / "legal" / "hf")]
+    for result in results.values():
+        assert {"perplexity", "citations", "citation_set", "choice"} <= result.keys()
+        assert result["perplexity"]["by_kind"]["all"]["tokens"] > 0
+        assert result["citations"]["full"]["items"] + result["citations"]["short_forms"]["items"] == 12
+        assert len(result["citations"]["items"]) == 12 and result["citations"]["generation"]["prompts"] == 12
+        assert result["choice"]["items"] == 2
+    # Both checkpoints saw the same prompts.
+    ids = [[row["id"] for row in r["citations"]["items"]] for r in results.values()]
+    assert ids[0] == ids[1]
+
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["checkpoints"].keys() == results.keys()
+    md = (tmp_path / "report.md").read_text()
+    for section in ("## perplexity", "## citations", "## citation_set", "## choice", "checkpoint 2"):
+        assert section in md
+    assert "full/metrics/exact" in md and "by_kind/all/bits_per_byte" in md
+    for plot in ("citations_by_reporter.png", "citations_by_position.png", "citations_by_prompt_tokens.png"):
+        assert (tmp_path / plot).stat().st_size > 1000
+
+
+def test_eval_set_is_reused_item_for_item(runs, tmp_path):
+    root = runs[0]
+    first = evaluate(
+        compose(
+            "eval",
+            overrides(
+                runs, f"eval.checkpoint={root / 'base'}", "eval.tasks=[citations]", f"eval.output_dir={tmp_path / 'a'}"
+            ),
+        )
+    )
+    saved = EvalSet.load(tmp_path / "a" / "eval_set.jsonl")
+    assert len(saved.citation_items) == 12
+    # A different corpus sample would build other items; the saved set must win.
+    again = evaluate(
+        compose(
+            "eval",
+            overrides(
+                runs,
+                f"eval.checkpoint={root / 'base'}",
+                "eval.tasks=[citations]",
+                f"eval.eval_set={tmp_path / 'a' / 'eval_set.jsonl'}",
+                "eval.seed=7",
+                f"eval.output_dir={tmp_path / 'b'}",
+            ),
+        )
+    )
+    rows = [r["checkpoints"][str(root / "base" / "hf")]["citations"]["items"] for r in (first, again)]
+    assert [(r["id"], r["generation"]) for r in rows[0]] == [(r["id"], r["generation"]) for r in rows[1]]
+
+
+def test_no_arguments_means_the_newest_run(runs, tmp_path):
+    root = runs[0]
+    (root / "legal" / "hf" / "config.json").touch()  # the newest export
+    report = evaluate(compose("eval", overrides(runs, "eval.tasks=[perplexity]", f"eval.output_dir={tmp_path}")))
+    assert list(report["checkpoints"]) == [str(root / "legal" / "hf")]
+
+
+def test_unknown_task_is_named(runs):
+    with pytest.raises(ValueError, match=r"eval\.tasks"):
+        evaluate(compose("eval", overrides(runs, "eval.tasks=[perplexity,rouge]")))
+
+
+def test_missing_eval_set_is_named(runs, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"eval\.eval_set"):
+        evaluate(compose("eval", overrides(runs, f"eval.eval_set={tmp_path / 'none.jsonl'}")))
