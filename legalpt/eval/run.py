@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.logging import get_logger
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
@@ -28,10 +28,10 @@ from legalpt.eval.perplexity import document_perplexity
 from legalpt.eval.report import TASKS, write_report
 from legalpt.model import build_model
 from legalpt.train.checkpoint import export_dir
+from legalpt.train.tracking import log_on_main_process_only
 from legalpt.train.trainer import mixed_precision
 
-# accelerate's logger: rank 0 alone writes, whatever the number of processes.
-log = get_logger(__name__)
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -190,6 +190,7 @@ def evaluate(cfg: DictConfig | Config) -> dict:
         checkpoints.append(resolve_checkpoint(cfg.eval.compare, cfg.eval.runs_dir))
     out_dir = Path(cfg.eval.output_dir or default_output_dir(checkpoints[0])).expanduser()
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision))
+    log_on_main_process_only(accelerator)
 
     documents, data_stats = heldout_documents(cfg.data, cfg.eval.max_documents)
     if cfg.eval.eval_set:

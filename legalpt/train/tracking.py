@@ -7,6 +7,7 @@ blocks on a login prompt; `logger=none` turns it off. metrics.jsonl is written w
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -14,6 +15,12 @@ from pathlib import Path
 from accelerate import Accelerator
 
 LOGGERS = ("wandb", "none")
+
+
+def log_on_main_process_only(accelerator: Accelerator) -> None:
+    """legalpt's info messages from rank 0 alone; warnings and errors from every rank."""
+    if not accelerator.is_main_process:
+        logging.getLogger("legalpt").setLevel(logging.WARNING)
 
 
 def tracker_name(logger: str) -> str | None:

@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
-from accelerate.logging import get_logger
 from accelerate.utils import broadcast_object_list, set_seed
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
@@ -29,10 +28,9 @@ from legalpt.eval.perplexity import IGNORE_INDEX, heldout_loss
 from legalpt.model import build_model, count_parameters
 from legalpt.train.checkpoint import export_model, load_checkpoint, resolve_resume, save_checkpoint
 from legalpt.train.optim import build_optimizer, build_scheduler
-from legalpt.train.tracking import MetricsLog, start_tracking, tracker_name
+from legalpt.train.tracking import MetricsLog, log_on_main_process_only, start_tracking, tracker_name
 
-# accelerate's logger: rank 0 alone writes, whatever the number of processes.
-log = get_logger(__name__)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -167,6 +165,7 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     accelerator = Accelerator(
         mixed_precision=mixed_precision(cfg.train.mixed_precision), log_with=tracker_name(cfg.logger)
     )
+    log_on_main_process_only(accelerator)
     run_dir = agree_on_run_dir(accelerator, cfg.train.output_dir)
     with file_log(run_dir / "train.log", accelerator.is_main_process):
         return run(cfg, accelerator, run_dir)
