@@ -133,13 +133,12 @@ def evaluate_checkpoint(
     model = build_model(dataclasses.replace(cfg.model, pretrained=checkpoint), tokenizer).to(accelerator.device)
     model.eval()
     result: dict = {"checkpoint": checkpoint}
-    context = e.perplexity_context or model.config.max_position_embeddings
     with torch.no_grad(), accelerator.autocast():
-        if "perplexity" in tasks:
-            stride = e.perplexity_stride or context // 2
+        if "perplexity" in tasks:  # a context or stride of 0 is resolved (and checked) against the model there
             result["perplexity"] = document_perplexity(
-                model, tokenizer, documents, context, stride, e.batch_size, e.bootstrap, e.seed
-            )
+                model, tokenizer, documents, e.perplexity_context, e.perplexity_stride, e.batch_size, e.bootstrap,
+                e.seed,
+            )  # fmt: skip
         if "citations" in tasks:
             result["citations"] = score_citations(model, tokenizer, documents, eval_set, e)
         if "citation_set" in tasks and eval_set.set_items:
@@ -152,6 +151,7 @@ def evaluate_checkpoint(
 
 
 def score_citations(model, tokenizer, documents: list[dict], eval_set: EvalSet, cfg: EvalConfig) -> dict:
+    """Generate after every citation prompt, score each generation with eyecite, and summarize."""
     items = eval_set.citation_items
     index = citations.CitationIndex.from_documents(documents)
     generated = generate_with_stats(model, tokenizer, [item.prompt for item in items], cfg.generation, cfg.seed,
@@ -174,6 +174,7 @@ def score_citations(model, tokenizer, documents: list[dict], eval_set: EvalSet, 
 
 
 def score_citation_sets(model, tokenizer, eval_set: EvalSet, cfg: EvalConfig) -> dict:
+    """Continue each opinion and compare the cited cases with those of the real continuation."""
     items = eval_set.set_items
     generation_cfg = dataclasses.replace(cfg.generation, max_new_tokens=cfg.citations.set_new_tokens)
     texts = generate(model, tokenizer, [item.prompt for item in items], generation_cfg, cfg.seed, "citation sets")

@@ -146,3 +146,22 @@ def test_unknown_task_is_named(runs):
 def test_missing_eval_set_is_named(runs, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"eval\.eval_set"):
         evaluate(compose("eval", overrides(runs, f"eval.eval_set={tmp_path / 'none.jsonl'}")))
+
+
+def test_report_goes_to_wandb_when_it_is_on(runs, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    root = runs[0]
+    evaluate(
+        compose(
+            "eval",
+            overrides(
+                runs,
+                "logger=wandb",
+                f"eval.checkpoint={root / 'base'}",
+                "eval.tasks=[citations]",
+                f"eval.output_dir={tmp_path}",
+            ),
+        )
+    )
+    offline_runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1 and any(offline_runs[0].glob("*.wandb"))
