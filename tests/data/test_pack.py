@@ -11,13 +11,6 @@ from legalpt.data.pack import IGNORE_INDEX, collate_packed, pack_dataset, pack_d
 EOS, PAD = 1, 2  # document token ids are drawn from [3, 1000), so every id tells what it is
 
 
-@pytest.fixture
-def rng():
-    seed = random.randrange(2**32)
-    print(f"seed={seed}")
-    return random.Random(seed)
-
-
 def random_documents(rng: random.Random, seq_len: int) -> list[list[int]]:
     lengths = [rng.randint(1, 2 * seq_len) for _ in range(rng.randint(5, 20))]
     # The edge cases: a document that spans at least three rows, one that exactly fills a row with its eos, tiny ones.

@@ -7,18 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import WhitespaceSplit
-from tokenizers.processors import TemplateProcessing
+from eval_helpers import SPECIALS, VOCAB, make_tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from legalpt.config import ModelConfig
 from legalpt.eval.perplexity import document_perplexity, resolve_window, stride_windows
 from legalpt.model import build_model
 
-SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
-VOCAB = 64
 TINY = ModelConfig(
     hidden_size=32,
     num_layers=2,
@@ -28,26 +23,6 @@ TINY = ModelConfig(
     max_position_embeddings=48,
     attention_backend="reference",
 )
-
-
-def make_tokenizer(bos: bool) -> PreTrainedTokenizerFast:
-    """Words w0.. are tokens; anything else is <unk>. With `bos`, every text starts with <s>, as Llama's do."""
-    words = SPECIALS + [f"w{i}" for i in range(VOCAB - len(SPECIALS))]
-    tokenizer = Tokenizer(WordLevel({word: i for i, word in enumerate(words)}, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = WhitespaceSplit()
-    if bos:
-        tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
-
-
-@pytest.fixture
-def rng():
-    seed = random.randrange(2**32)
-    print(f"seed={seed}")
-    torch.manual_seed(seed)
-    return random.Random(seed)
 
 
 def random_text(rng: random.Random, words: int) -> str:
