@@ -40,6 +40,31 @@ class ModelConfig:
 
 
 @dataclass
+class CleanConfig:
+    """Cleaning steps applied to every document before dedup and tokenization; each can be switched off."""
+
+    enabled: bool = True  # False = documents are used exactly as loaded
+    unicode_nfkc: bool = True  # NFKC normalization, curly quotes and odd spaces to plain ones
+    dehyphenate: bool = True  # join words broken by a hyphen at a line end ("agree-\nment" → "agreement")
+    page_furniture: bool = True  # drop repeated page headers/footers and bare page numbers
+    line_numbers: bool = True  # drop pleading-paper line numbers (1..28 at line starts)
+    markup: bool = True  # drop stray HTML/XML tags and entities left in text
+    whitespace: bool = True  # collapse runs of spaces and of blank lines
+
+
+@dataclass
+class DedupConfig:
+    """Removal of exact and near-duplicate documents across the whole corpus."""
+
+    exact: bool = True  # drop documents whose normalized text hashes equal an earlier one's
+    near: bool = True  # drop near-duplicates found by MinHash LSH
+    threshold: float = 0.8  # estimated Jaccard similarity of shingle sets at which two documents are duplicates
+    shingle_words: int = 5  # words per shingle
+    num_perm: int = 128  # MinHash permutations
+    examples: int = 5  # duplicate pairs listed in the report
+
+
+@dataclass
 class DataConfig:
     """Where documents come from and how they become packed rows of token ids."""
 
@@ -52,7 +77,9 @@ class DataConfig:
     tokenizer: str | None = None  # HF folder or hub id; None = model.pretrained's tokenizer, else train a BPE
     vocab_size: int = 8192  # size of the byte-level BPE trained on the corpus
     cache_dir: str = "~/.cache/legalpt"  # trained tokenizers and packed datasets are cached here
-    num_proc: int = 1  # worker processes for tokenization
+    num_proc: int = 1  # worker processes for cleaning, dedup signatures and tokenization
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Data preparation end to end: documents → train/held-out split → tokenizer → token ids → packed rows.
+"""Data preparation end to end: documents → cleaning → dedup → train/held-out split → tokenizer → token ids →
+packed rows.
 
 `prepare(cfg.data, cfg.model.pretrained)` is what `legalpt-prepare` and the trainer call. The packed rows of both
 splits are cached under `<cache_dir>/packed/<key>/`, the key covering the corpus content, the tokenizer, seq_len, the
@@ -23,6 +24,8 @@ from transformers import PreTrainedTokenizerFast
 
 from legalpt.config import DataConfig
 from legalpt.data import pack
+from legalpt.data.clean import clean_documents
+from legalpt.data.dedup import deduplicate
 from legalpt.data.pack import PackStats, pack_dataset
 from legalpt.data.sources import corpus_fingerprint, load_documents
 from legalpt.data.tokenizer import check_vocab_size, get_tokenizer
@@ -51,6 +54,8 @@ def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
     documents, skipped = load_documents(cfg)
     if documents.num_rows == 0:
         raise ValueError(f"data.paths: no document could be loaded from {list(cfg.paths)} ({skipped})")
+    documents, cleaning = clean_documents(documents, cfg.clean, cfg.num_proc)
+    documents, dedup = deduplicate(documents, cfg.dedup, cfg.num_proc)
     documents_by_split = dict(zip(SPLITS, split_documents(documents, cfg.heldout_fraction, cfg.seed), strict=True))
     seconds["load"] = time.perf_counter() - clock
 
@@ -68,6 +73,8 @@ def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
     pack_stats = {split: PackStats(**saved[split]).to_dict() for split in SPLITS}
     stats = {
         "skipped": skipped,
+        "clean": cleaning,
+        "dedup": dedup,
         **pack_stats,
         "seq_len": cfg.seq_len,
         "tokenizer": tokenizer.name_or_path,
@@ -93,6 +100,16 @@ def format_stats(stats: dict[str, Any]) -> str:
     """A short report of `PreparedData.stats` for the terminal."""
     train, heldout = stats["train"], stats["heldout"]
     lines = [f"documents  {train['documents']:,} train, {heldout['documents']:,} held-out; {stats['skipped']}"]
+    clean, dedup = stats["clean"], stats["dedup"]
+    if clean.get("characters_in"):
+        lines.append(f"cleaning   {clean['characters_in']:,} → {clean['characters_out']:,} characters")
+    lines.append(
+        f"dedup      {dedup['exact_duplicates']:,} exact and {dedup['near_duplicates']:,} near duplicates removed"
+    )
+    lines += [
+        f"           {p['removed_id']} duplicates {p['kept_id']} ({p['kind']}, similarity {p['similarity']:.2f})"
+        for p in dedup["examples"]
+    ]
     for label, split in (("train", train), ("held-out", heldout)):
         lines.append(
             f"{label:<9}  {split['tokens']:,} tokens in {split['rows']:,} rows of {stats['seq_len']} "

@@ -3,28 +3,42 @@
 Every document becomes a record `{id, text, source, kind, meta}`: `source` is the file it came from ("synthetic" for
 the demo corpus), `kind` is "contract", "opinion" or "other", and `meta` is a JSON string (Arrow needs one schema,
 and every format carries different metadata). Formats: .txt (one document per file), .jsonl/.json (records with a
-text field), .parquet (a text column), and Caselaw Access Project case JSON, recognised by its structure wherever a
-record is expected: one document per case, its head matter followed by each opinion.
+text field), .csv and .parquet (a text column), .html/.htm (markup to text, footnotes moved to the end: see
+`html_text`), .pdf (the text of all pages) and .docx (paragraphs and table cells, in order), each also compressed as
+.gz or .zst (`x.jsonl.gz`: decompressed by the outer extension, read by the inner one). Caselaw Access Project case
+JSON is recognised by its structure wherever a record is expected: one document per case, its head matter followed
+by each opinion. Text is UTF-8, else Windows-1252 when that decodes to printable text.
 
-Nothing is dropped silently: what cannot become a document is counted by reason, with example locations, in a
-`SkipReport`.
+Nothing is dropped silently: what cannot become a document (an empty, binary, undecodable, unreadable or corrupt
+file, a line over `MAX_LINE_BYTES`, a record without its text field, ...) is counted by reason, with example
+locations, in a `SkipReport`, and loading goes on with the next record or file.
 """
 
 from __future__ import annotations
 
+import csv
 import glob
+import gzip
 import hashlib
+import io
 import json
 import os
 import re
+import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import datasets
+import docx
+import lxml.html
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pypdf
+import zstandard
+from docx.opc.exceptions import PackageNotFoundError
+from lxml import etree
 
 from legalpt.config import DataConfig
 
@@ -35,6 +49,9 @@ _READ_FEATURES = datasets.Features({**FEATURES, "skip": datasets.Value("string")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _CONTRACT_WORDS = re.compile(r"\b(agreement|contract|lease|licen[cs]e|amendment|exhibit)\b", re.IGNORECASE)
 _OPINION_WORDS = re.compile(r"\b(court|opinion|appellants?|appellees?|petitioners?|respondents?|j\.)\b", re.IGNORECASE)
+# A line longer than this in .txt/.jsonl/.csv is skipped ("line too long") without being held in memory: such a line
+# is a broken export, not a document, and reading it would cost memory in proportion to its length.
+MAX_LINE_BYTES = 32 * 2**20
 
 
 @dataclass
@@ -69,12 +86,14 @@ def load_documents(cfg: DataConfig) -> tuple[datasets.Dataset, SkipReport]:
     files = find_files(cfg.paths)
     stamps = [(path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in files]
     # The cache key covers every file's identity and this module's code, so an edited file or reader reloads.
-    key = hashlib.sha256(json.dumps([stamps, cfg.text_field]).encode() + Path(__file__).read_bytes()).hexdigest()
+    key = hashlib.sha256(
+        json.dumps([stamps, cfg.text_field, MAX_LINE_BYTES]).encode() + Path(__file__).read_bytes()
+    ).hexdigest()
     read = datasets.Dataset.from_generator(
         _read_files,
         features=_READ_FEATURES,
         cache_dir=str(Path(cfg.cache_dir).expanduser() / "documents"),
-        gen_kwargs={"files": files, "text_field": cfg.text_field},
+        gen_kwargs={"files": files, "text_field": cfg.text_field, "max_line_bytes": MAX_LINE_BYTES},
         num_proc=min(cfg.num_proc, len(files)) if cfg.num_proc > 1 else None,
         fingerprint=key[:32],
     )
@@ -150,41 +169,71 @@ def _separate_skips(read: datasets.Dataset) -> tuple[datasets.Dataset, SkipRepor
     return documents.remove_columns("skip"), report
 
 
-def _read_files(files: list[str], text_field: str) -> Iterator[dict[str, str]]:
+def _read_files(files: list[str], text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
     for path in files:
-        yield from _read_file(path, text_field)
+        yield from _read_file(path, text_field, max_line_bytes)
 
 
-def _read_file(path: str, text_field: str) -> Iterator[dict[str, str]]:
-    suffix = Path(path).suffix.lower()
+def _read_file(path: str, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
+    name = Path(path)
+    compression = name.suffix.lower() if name.suffix.lower() in _DECOMPRESSORS else None
+    suffix = Path(name.stem).suffix.lower() if compression else name.suffix.lower()
     if suffix not in _READERS:
         yield _skip("unknown extension", path)
-    elif os.path.getsize(path) == 0:
-        yield _skip("empty file", path)
-    else:
-        yield from _READERS[suffix](path, text_field)
-
-
-def _read_txt(path: str, text_field: str) -> Iterator[dict[str, str]]:
+        return
     try:
-        text = Path(path).read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError:
+        raw = open(path, "rb")  # noqa: SIM115 - closed below, after the reader is done with it
+    except OSError:
+        yield _skip("unreadable file", path)
+        return
+    with raw:
+        try:
+            stream = _DECOMPRESSORS[compression](raw) if compression else raw
+            if not stream.peek(1):
+                yield _skip("empty file", path)
+            elif suffix in _TEXT_SUFFIXES and _looks_binary(stream.peek(_SAMPLE_BYTES)[:_SAMPLE_BYTES]):
+                yield _skip("binary file", path)
+            else:
+                yield from _READERS[suffix](path, stream, text_field, max_line_bytes)
+        except (OSError, EOFError, zstandard.ZstdError):  # a broken archive, or a disk error mid-read
+            # The records read before the break are kept; the rest of the file is one counted skip.
+            yield _skip("corrupt compressed file" if compression else "unreadable file", path)
+
+
+def _gunzip(raw: BinaryIO) -> io.BufferedReader:
+    return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), buffer_size=_SAMPLE_BYTES)
+
+
+def _unzstd(raw: BinaryIO) -> io.BufferedReader:
+    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw), buffer_size=_SAMPLE_BYTES)
+
+
+def _read_txt(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
+    lines = []
+    for line in _lines(stream, max_line_bytes):
+        if line is None:
+            yield _skip("line too long", path)
+            return
+        lines.append(line)
+    text = _decode(b"".join(lines))
+    if text is None:
         yield _skip("undecodable bytes", path)
         return
     yield _document(text, doc_id=path, source=path, kind=_guess_kind(Path(path).name, text), meta={}, where=path)
 
 
-def _read_json(path: str, text_field: str) -> Iterator[dict[str, str]]:
-    try:
-        content = Path(path).read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError:
+def _read_json(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
+    # A JSON value has no line structure to stream by, so the file is read whole; its size is the document's.
+    data = stream.read()
+    content = _decode(data)
+    if content is None:
         yield _skip("undecodable bytes", path)
         return
     try:
         value = json.loads(content)
     except json.JSONDecodeError as error:
         if error.msg == "Extra data":  # a first value, then more: JSON Lines named .json
-            yield from _read_jsonl(path, text_field)
+            yield from _read_jsonl(path, io.BytesIO(data), text_field, max_line_bytes)
         else:
             yield _skip("invalid json", path)
         return
@@ -195,17 +244,16 @@ def _read_json(path: str, text_field: str) -> Iterator[dict[str, str]]:
         yield _from_record(value, path, path, text_field)
 
 
-def _read_jsonl(path: str, text_field: str) -> Iterator[dict[str, str]]:
-    with open(path, "rb") as lines:  # line by line, so one bad line costs one record and big files stream
-        for number, raw in enumerate(lines, start=1):
-            where = f"{path}:{number}"
-            try:
-                line = raw.decode("utf-8-sig")
-            except UnicodeDecodeError:
-                yield _skip("undecodable bytes", where)
-                continue
-            if not line.strip():
-                continue  # a blank line holds no record
+def _read_jsonl(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
+    # Line by line, so one bad line costs one record and big files stream.
+    for number, raw in enumerate(_lines(stream, max_line_bytes), start=1):
+        where = f"{path}:{number}"
+        line = _decode(raw) if raw is not None else None
+        if raw is None:
+            yield _skip("line too long", where)
+        elif line is None:
+            yield _skip("undecodable bytes", where)
+        elif line.strip():  # a blank line holds no record
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
@@ -214,9 +262,41 @@ def _read_jsonl(path: str, text_field: str) -> Iterator[dict[str, str]]:
             yield _from_record(record, where, path, text_field)
 
 
-def _read_parquet(path: str, text_field: str) -> Iterator[dict[str, str]]:
+def _read_csv(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
+    # Legal texts overflow the csv module's 128 KiB default field limit; the line cap bounds memory instead.
+    csv.field_size_limit(_MAX_CSV_FIELD)
+    skipped: list[dict[str, str]] = []  # bad lines found while the csv reader pulls text, reported after each row
+    last = 0  # the file line the csv reader has read up to: where its current row ends
+
+    def text_lines() -> Iterator[str]:
+        nonlocal last
+        for last, raw in enumerate(_lines(stream, max_line_bytes), start=1):
+            line = _decode(raw) if raw is not None else None
+            if line is None:
+                skipped.append(_skip("line too long" if raw is None else "undecodable bytes", f"{path}:{last}"))
+            else:
+                yield line
+
+    rows = csv.DictReader(text_lines())
     try:
-        table = pq.ParquetFile(path)
+        if text_field not in (rows.fieldnames or []):
+            yield from skipped
+            yield _skip("missing text field", path)
+            return
+        for row in rows:
+            yield from skipped
+            skipped.clear()
+            record = {key: value for key, value in row.items() if key is not None}  # None holds surplus cells
+            yield _from_record(record, f"{path}:{last}", path, text_field)
+    except csv.Error:
+        yield _skip("invalid csv", f"{path}:{last}")
+    yield from skipped
+
+
+def _read_parquet(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
+    try:
+        # A plain file is read batch by batch; a decompressed one needs random access, so it is held in memory.
+        table = pq.ParquetFile(stream if isinstance(getattr(stream, "raw", None), io.FileIO) else _whole(stream))
     except (pa.ArrowException, OSError):
         yield _skip("unreadable parquet", path)
         return
@@ -230,7 +310,190 @@ def _read_parquet(path: str, text_field: str) -> Iterator[dict[str, str]]:
             index += 1
 
 
-_READERS = {".txt": _read_txt, ".json": _read_json, ".jsonl": _read_jsonl, ".parquet": _read_parquet}
+def _read_html(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
+    content = _decode(stream.read())
+    if content is None:
+        yield _skip("undecodable bytes", path)
+        return
+    try:
+        # Bytes, so that lxml accepts an XML encoding declaration; the text is already known to be UTF-8 clean.
+        root = lxml.html.document_fromstring(content.encode("utf-8"), parser=_HTML_PARSER)
+    except (etree.ParserError, ValueError):
+        yield _skip("invalid html", path)
+        return
+    title = root.findtext(".//title")
+    text = html_text(root)
+    kind = "opinion" if _guess_kind(Path(path).name, text) == "opinion" else "other"
+    meta = {"title": title.strip()} if title and title.strip() else {}
+    yield _document(text, doc_id=path, source=path, kind=kind, meta=meta, where=path)
+
+
+def _read_pdf(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
+    data = _whole(stream)  # outside the try: a broken archive is not a broken PDF
+    try:
+        reader = pypdf.PdfReader(data)
+        if reader.is_encrypted and not reader.decrypt(""):  # many PDFs are encrypted with an empty user password
+            raise pypdf.errors.FileNotDecryptedError("password required")
+        # Pages are separated by a form feed on its own line, so that cleaning can find page headers and footers.
+        text = "\n\f\n".join(page.extract_text() for page in reader.pages)
+    except Exception:  # pypdf raises many exception types on malformed files; each is one bad PDF
+        yield _skip("unreadable pdf", path)
+        return
+    if not text.replace("\f", "").strip():
+        yield _skip("pdf without text", path)  # a scan without a text layer: OCR is out of scope
+        return
+    meta = {"pages": len(reader.pages)}
+    yield _document(text, doc_id=path, source=path, kind=_guess_kind(Path(path).name, text), meta=meta, where=path)
+
+
+def _read_docx(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
+    data = _whole(stream)
+    try:
+        document = docx.Document(data)
+        blocks = [_docx_block(block) for block in document.iter_inner_content()]
+    except (zipfile.BadZipFile, KeyError, ValueError, PackageNotFoundError, etree.XMLSyntaxError):
+        yield _skip("unreadable docx", path)
+        return
+    text = "\n".join(blocks)
+    title = document.core_properties.title
+    meta = {"title": title} if title else {}
+    yield _document(text, doc_id=path, source=path, kind=_guess_kind(Path(path).name, text), meta=meta, where=path)
+
+
+def _docx_block(block: docx.text.paragraph.Paragraph | docx.table.Table) -> str:
+    """A paragraph's text, or a table as one line per row with its cells separated by tabs."""
+    if isinstance(block, docx.text.paragraph.Paragraph):
+        return block.text
+    rows = []
+    for row in block.rows:
+        cells = list(dict.fromkeys(row.cells))  # a merged cell appears once per grid column it spans
+        rows.append("\t".join(cell.text for cell in cells))
+    return "\n".join(rows)
+
+
+def html_text(root: lxml.html.HtmlElement) -> str:
+    """The readable text of an HTML document: scripts, styles and comments dropped, blocks on their own lines.
+
+    Footnote bodies (block elements whose class or id contains "footnote") are moved to the end, in document order,
+    after a blank line, so that a footnote printed inline does not split the sentence around it; footnote markers
+    (inline elements such as `<sup class="footnotemark">`) stay in place.
+    """
+    for element in root.xpath("//script | //style | //noscript | //template | //head | //comment()"):
+        element.drop_tree()  # keeps the tail text
+    footnotes = [element for element in root.iter() if _is_footnote(element)]
+    outermost = [element for element in footnotes if not any(_is_footnote(a) for a in element.iterancestors())]
+    notes = [_block_text(element) for element in outermost]
+    for element in outermost:
+        element.drop_tree()
+    return "\n\n".join(part for part in [_block_text(root), *notes] if part)
+
+
+def _is_footnote(element: etree._Element) -> bool:
+    if not isinstance(element.tag, str) or element.tag not in _BLOCK_TAGS:
+        return False
+    names = f"{element.get('class', '')} {element.get('id', '')}".lower()
+    return "footnote" in names
+
+
+def _block_text(element: etree._Element) -> str:
+    """Text of an element: whitespace runs collapsed outside <pre>, a line break around each block element."""
+    parts: list[str] = []
+    in_pre = 0
+    for event, node in etree.iterwalk(element, events=("start", "end")):
+        if not isinstance(node.tag, str):  # a processing instruction or entity left by the parser
+            continue
+        tag = node.tag.lower()
+        if event == "start":
+            in_pre += tag == "pre"
+            parts.append(_BLOCK_TAGS.get(tag, ""))
+            parts.append(_inline(node.text, in_pre))
+        else:
+            in_pre -= tag == "pre"
+            parts.append(_BLOCK_TAGS.get(tag, "") + _AFTER_TAGS.get(tag, ""))
+            if node is not element:
+                parts.append(_inline(node.tail, in_pre))
+    text = _BREAK_RUN.sub(_break, "".join(parts))
+    return "\n".join(line.strip(" \t") for line in text.split("\n")).strip("\n")
+
+
+def _break(run: re.Match) -> str:
+    """One separator for a run of block edges and whitespace: adjacent blocks share their breaks, not add them."""
+    return "\n\n" if _PARAGRAPH in run[0] or run[0].count("\n") > 1 else "\n"
+
+
+def _inline(text: str | None, in_pre: int) -> str:
+    if not text:
+        return ""
+    text = text.translate(_NO_MARKS)
+    return text if in_pre else _HTML_SPACE.sub(" ", text)
+
+
+def _lines(stream: BinaryIO, max_line_bytes: int) -> Iterator[bytes | None]:
+    """The lines of a stream, with None for each line over `max_line_bytes`, which is passed over without holding it."""
+    while line := stream.readline(max_line_bytes + 1):
+        if len(line) > max_line_bytes and not line.endswith(b"\n"):
+            while (rest := stream.readline(_SAMPLE_BYTES)) and not rest.endswith(b"\n"):
+                pass
+            yield None
+        else:
+            yield line
+
+
+def _whole(stream: BinaryIO) -> io.BytesIO:
+    return io.BytesIO(stream.read())
+
+
+def _looks_binary(sample: bytes) -> bool:
+    """NUL bytes, or more than 5% control bytes other than whitespace, mark a file that is not text."""
+    if b"\x00" in sample:
+        return True
+    controls = sum(sample.count(bytes([c])) for c in _CONTROL_BYTES)
+    return controls > 0.05 * len(sample)
+
+
+def _decode(data: bytes) -> str | None:
+    """UTF-8 (with or without BOM), else Windows-1252 when that gives printable text, else None."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        pass
+    try:
+        text = data.decode("cp1252")
+    except UnicodeDecodeError:  # cp1252 leaves five bytes undefined
+        return None
+    printable = sum(c.isprintable() or c in "\t\n\r\f" for c in text)
+    return text if printable >= 0.95 * len(text) else None
+
+
+_DECOMPRESSORS = {".gz": _gunzip, ".zst": _unzstd}
+_READERS = {
+    ".txt": _read_txt,
+    ".json": _read_json,
+    ".jsonl": _read_jsonl,
+    ".csv": _read_csv,
+    ".parquet": _read_parquet,
+    ".html": _read_html,
+    ".htm": _read_html,
+    ".pdf": _read_pdf,
+    ".docx": _read_docx,
+}
+_TEXT_SUFFIXES = {".txt", ".json", ".jsonl", ".csv", ".html", ".htm"}
+_SAMPLE_BYTES = 1 << 16  # bytes looked at to tell text from binary; also the read size when passing a long line
+_MAX_CSV_FIELD = 2**31 - 1  # the largest value csv.field_size_limit accepts on every platform
+_CONTROL_BYTES = bytes(c for c in range(32) if chr(c) not in "\t\n\r\f\b\x1b") + b"\x7f"
+_HTML_SPACE = re.compile(r"\s+")
+_HTML_PARSER = lxml.html.HTMLParser(encoding="utf-8", remove_comments=True, remove_pis=True)
+_AFTER_TAGS = {"br": "\n", "td": "\t", "th": "\t"}  # elements that only end with a separator
+# Block elements mark their edges with a control character (removed from the page's own text, where it is junk);
+# each run of marks becomes one line break, or a paragraph break when a paragraph-like block is among them.
+_LINE, _PARAGRAPH = "\x01", "\x02"
+_NO_MARKS = str.maketrans("", "", _LINE + _PARAGRAPH)
+_BLOCK_TAGS = {
+    **dict.fromkeys(["p", "h1", "h2", "h3", "h4", "h5", "h6", "blockquote", "pre", "table", "ul", "ol"], _PARAGRAPH),
+    **dict.fromkeys(["section", "article", "aside", "footer", "header", "center", "dl", "hr", "address"], _PARAGRAPH),
+    **dict.fromkeys(["div", "li", "tr", "dd", "dt", "caption", "figure", "figcaption", "main", "nav"], _LINE),
+}
+_BREAK_RUN = re.compile(r"[\x01\x02\s]*[\x01\x02][\x01\x02\s]*")
 
 
 def _from_record(record: Any, where: str, path: str, text_field: str) -> dict[str, str]:
@@ -283,6 +546,8 @@ def _document(text: str, doc_id: str, source: str, kind: str, meta: dict, where:
         text.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates from JSON escapes: not storable as UTF-8
         return _skip("undecodable bytes", where)
+    if "\x00" in text:  # NUL bytes past the sample checked at the start of the file
+        return _skip("binary file", where)
     meta_json = json.dumps(meta, default=str)
     return {"id": doc_id, "text": text, "source": source, "kind": kind, "meta": meta_json, "skip": ""}
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from legalpt.config import DataConfig
+from legalpt.data.clean import clean_text
 from legalpt.data.pipeline import format_stats, prepare, split_documents
 from legalpt.data.sources import load_documents
 
@@ -112,7 +113,8 @@ def test_single_document_has_an_empty_heldout_split(tmp_path):
     (tmp_path / "only.txt").write_text("The only document. " * 50)
     data = prepare(config(tmp_path, tmp_path / "only.txt"))
     assert data.heldout.num_rows == 0 and data.stats["heldout"]["documents"] == 0
-    assert documents_in(rows_of(data.train), data.tokenizer) == [(tmp_path / "only.txt").read_text()]
+    only = clean_text((tmp_path / "only.txt").read_text(), DataConfig().clean)  # whole, as cleaning left it
+    assert documents_in(rows_of(data.train), data.tokenizer) == [only]
 
 
 @pytest.mark.parametrize(
@@ -155,7 +157,8 @@ def test_demo_corpus(tmp_path):
     data = prepare(cfg)
     documents, _ = load_documents(cfg)
     restored = documents_in(rows_of(data.train) + rows_of(data.heldout), data.tokenizer)
-    assert sorted(restored) == sorted(documents["text"])
+    # Every document arrives whole, as cleaning left it.
+    assert sorted(restored) == sorted(clean_text(text, cfg.clean) for text in documents["text"])
     assert data.stats["heldout"]["documents"] == 1
 
 
@@ -167,5 +170,27 @@ def test_real_opinions_and_contracts(tmp_path):
     data = prepare(cfg)
     documents, _ = load_documents(cfg)
     restored = documents_in(rows_of(data.train) + rows_of(data.heldout), data.tokenizer)
-    assert sorted(restored) == sorted(documents["text"])
+    # Every document arrives whole, as cleaning left it.
+    assert sorted(restored) == sorted(clean_text(text, cfg.clean) for text in documents["text"])
     assert data.stats["heldout"]["documents"] == 3 and data.stats["train"]["longest_document"] > 512 * 3
+
+
+def test_cleaning_and_dedup_run_inside_prepare_and_are_counted(tmp_path):
+    """Markup is cleaned, a document that cleaning empties is counted, a duplicate file is removed and counted."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    body = " ".join(f"Section {i}. The Licensee shall pay the fees set forth in Schedule {i}." for i in range(60))
+    (folder / "a.txt").write_text(f"<p>{body}</p>")
+    (folder / "b.txt").write_text(body)  # the same document once a's markup is gone
+    (folder / "c.txt").write_text("Plaintiff v. Defendant, 347 U.S. 483 (1954). " * 40)
+    (folder / "d.txt").write_text("<p></p>")  # nothing left after cleaning
+    cfg = DataConfig(paths=[str(folder)], vocab_size=300, seq_len=64, cache_dir=str(tmp_path / "cache"))
+    data = prepare(cfg)
+    assert data.stats["clean"]["emptied"] == 1
+    assert data.stats["clean"]["characters_out"] < data.stats["clean"]["characters_in"]
+    assert data.stats["dedup"]["exact_duplicates"] == 1 and data.stats["dedup"]["kept"] == 2
+    assert data.stats["train"]["documents"] + data.stats["heldout"]["documents"] == 2
+    text = data.tokenizer.decode(data.train[0]["input_ids"] + data.heldout[0]["input_ids"])
+    assert "<p>" not in text
+    report = format_stats(data.stats)
+    assert "dedup      1 exact" in report and "(exact, similarity 1.00)" in report

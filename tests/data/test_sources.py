@@ -1,14 +1,23 @@
 """Loading documents: every format, CAP case JSON, folders/globs/odd names, skip accounting, errors, real samples."""
 
+import csv
+import gzip
+import io
 import json
+import os
 import random
+import resource
 from pathlib import Path
 
+import docx
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pypdf
 import pytest
+import zstandard
 
 from legalpt.config import DataConfig
+from legalpt.data import sources
 from legalpt.data.sources import SkipReport, corpus_fingerprint, find_files, load_documents
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -29,6 +38,42 @@ def load(tmp_path: Path, *paths, **overrides):
     cfg = DataConfig(paths=[str(p) for p in paths], cache_dir=str(tmp_path / "cache"), **overrides)
     documents, report = load_documents(cfg)
     return list(documents), report
+
+
+def make_pdf(pages: list[str]) -> bytes:
+    """A minimal PDF written by hand: one Helvetica line of text per page, with a correct cross-reference table."""
+    objects = ["<< /Type /Catalog /Pages 2 0 R >>", "", "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    kids = []
+    for text in pages:
+        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET"
+        objects.append(f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream")
+        resources = "<< /Font << /F1 3 0 R >> >>"
+        contents = len(objects)
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources {resources} /Contents {contents} 0 R >>"
+        )
+        kids.append(f"{len(objects)} 0 R")
+    objects[1] = f"<< /Type /Pages /Kids [{' '.join(kids)}] /Count {len(kids)} >>"
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n".encode()
+    table = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{offset:010d} 00000 n \n" for offset in offsets).encode()
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{table}\n%%EOF\n".encode()
+    return bytes(out)
+
+
+def blank_pdf(password: str | None = None) -> bytes:
+    writer = pypdf.PdfWriter()
+    writer.add_blank_page(width=200, height=200)
+    if password:
+        writer.encrypt(password, algorithm="RC4-128")  # RC4 needs no optional crypto package
+    buffer = io.BytesIO()
+    writer.write(buffer)
+    return buffer.getvalue()
 
 
 def cap_case(rng: random.Random, case_id: int, opinions: int = 2, head: bool = True) -> dict:
@@ -102,6 +147,97 @@ def test_cap_case_json_and_jsonl(tmp_path, rng):
     assert meta["court"] == "Supreme Court of the United States" and meta["name"] == "Smith v. Jones 101"
 
 
+def test_csv(tmp_path, rng):
+    texts = [random_text(rng) for _ in range(3)]
+    texts[1] = f'{texts[1]}, "quoted"\n\nsecond paragraph'  # commas, quotes and newlines inside one field
+    texts[2] = random_text(rng, words=40_000)  # far over the csv module's default field limit of 128 KiB
+    with open(tmp_path / "opinions.csv", "w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(["id", "text", "court", "kind"])
+        writer.writerows([["c0", texts[0], "Ninth Circuit", "opinion"], ["c1", texts[1], "", ""], ["c2", texts[2]]])
+        writer.writerow(["c3"])  # a short row: no text
+    documents, report = load(tmp_path, tmp_path / "opinions.csv")
+    assert [d["text"] for d in documents] == texts
+    assert [d["id"] for d in documents] == ["c0", "c1", "c2"]
+    assert documents[0]["kind"] == "opinion" and json.loads(documents[0]["meta"]) == {"court": "Ninth Circuit"}
+    assert report.counts == {"empty text": 1}
+
+
+def test_html_opinion(tmp_path, rng):
+    words = [random_text(rng, words=6) for _ in range(6)]
+    page = f"""<!DOCTYPE html>
+<html><head><title> Smith v. Jones </title><style>p {{ color: red }}</style></head>
+<body>
+<script>var court = "not text";</script>
+<h1>SUPREME COURT</h1>
+<p>The opinion of the court.   {words[0]}<sup class="footnotemark"><a href="#fn1">1</a></sup>
+   continues here.<!-- an editor's comment --></p>
+<div class="footnote" id="fn1"><p>1 {words[1]}</p></div>
+<p>{words[2]}<br>{words[3]}</p>
+<table><tr><td>Appellant</td><td>{words[4]}</td></tr></table>
+<div class="footnotes"><div class="footnote" id="fn2">2 {words[5]}</div></div>
+</body></html>"""
+    (tmp_path / "opinion é.html").write_text(page, encoding="utf-8")
+    (tmp_path / "page.htm").write_text(f"<html><body><div>{words[0]}</div><div>{words[1]}</div></body></html>")
+
+    documents, report = load(tmp_path, tmp_path / "opinion é.html", tmp_path / "page.htm")
+    assert report.total == 0
+    expected = (
+        f"SUPREME COURT\n\nThe opinion of the court. {words[0]}1 continues here.\n\n{words[2]}\n{words[3]}\n\n"
+        f"Appellant\t{words[4]}\n\n1 {words[1]}\n\n2 {words[5]}"
+    )
+    assert documents[0]["text"] == expected
+    assert documents[0]["kind"] == "opinion" and json.loads(documents[0]["meta"]) == {"title": "Smith v. Jones"}
+    assert documents[1]["text"] == f"{words[0]}\n{words[1]}" and documents[1]["kind"] == "other"
+
+
+def test_pdf_and_docx(tmp_path, rng):
+    pages = [random_text(rng, words=8).replace("é", "e").replace("§", "s") for _ in range(2)]
+    (tmp_path / "brief.pdf").write_bytes(make_pdf(pages))
+    document = docx.Document()
+    document.core_properties.title = "Lease"
+    paragraphs = [random_text(rng, words=10) for _ in range(2)]
+    document.add_paragraph(paragraphs[0])
+    table = document.add_table(rows=2, cols=3)
+    table.cell(0, 0).merge(table.cell(0, 1)).text = "Landlord"
+    table.cell(0, 2).text = "Tenant"
+    table.cell(1, 0).text, table.cell(1, 1).text, table.cell(1, 2).text = "a", "b", "c"
+    document.add_paragraph(paragraphs[1])
+    document.save(tmp_path / "lease ñ.docx")
+
+    documents, report = load(tmp_path, tmp_path / "brief.pdf", tmp_path / "lease ñ.docx")
+    assert report.total == 0
+    assert documents[0]["text"] == f"{pages[0]}\n\f\n{pages[1]}" and json.loads(documents[0]["meta"]) == {"pages": 2}
+    assert documents[1]["text"] == f"{paragraphs[0]}\nLandlord\tTenant\na\tb\tc\n{paragraphs[1]}"
+    assert json.loads(documents[1]["meta"]) == {"title": "Lease"}
+
+
+@pytest.mark.parametrize("compression", ["gz", "zst"])
+def test_compressed_variants(tmp_path, rng, compression):
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir()
+    packed.mkdir()
+    texts = [random_text(rng) for _ in range(6)]
+    (plain / "a doc.txt").write_text(texts[0])
+    (plain / "b.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in texts[1:3]))
+    (plain / "c.csv").write_text("text\n" + texts[3] + "\n")
+    (plain / "d.html").write_text(f"<p>{texts[4]}</p>")
+    pq.write_table(pa.table({"text": [texts[5]]}), plain / "e.parquet")
+    (plain / "f.pdf").write_bytes(make_pdf(["plain ascii page"]))
+    docx.Document().save(plain / "g.docx")  # an empty document: the same skip either way
+    compress = gzip.compress if compression == "gz" else zstandard.ZstdCompressor().compress
+    for path in plain.iterdir():
+        (packed / f"{path.name}.{compression}").write_bytes(compress(path.read_bytes()))
+
+    expected, expected_report = load(tmp_path, plain)
+    documents, report = load(tmp_path, packed)
+    assert len(expected) == 7 and expected_report.counts == report.counts == {"empty text": 1}
+    assert [d["text"] for d in documents] == [d["text"] for d in expected]
+    assert [d["source"] for d in documents] == [
+        str(packed / f"{Path(d['source']).name}.{compression}") for d in expected
+    ]
+
+
 def test_folders_globs_and_spaces(tmp_path, rng):
     files = [tmp_path / "corpus" / "a file.txt", tmp_path / "corpus" / "sub dir" / "b [v2].txt", tmp_path / "c.txt"]
     texts = {}
@@ -118,16 +254,39 @@ def test_folders_globs_and_spaces(tmp_path, rng):
     assert find_files([str(tmp_path / "corpus" / "*.txt")]) == [str(files[0])]
 
 
-def test_every_skip_reason_is_counted(tmp_path, rng):
+def test_every_skip_reason_is_counted(tmp_path, rng, monkeypatch):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    good = [random_text(rng) for _ in range(3)]
+    good = [random_text(rng) for _ in range(5)]
     (corpus / "good.txt").write_text(good[0])
-    (corpus / "scan.pdf").write_bytes(b"%PDF-1.4")
+    (corpus / "scan.pdf").write_bytes(b"%PDF-1.4")  # corrupt
+    (corpus / "locked.pdf").write_bytes(blank_pdf(password="secret"))
+    (corpus / "blank.pdf").write_bytes(blank_pdf())
+    (corpus / "bad.docx").write_bytes(b"PK\x03\x04 not a zip")
     (corpus / "notes").write_text("no extension")
+    (corpus / "archive.gz").write_bytes(gzip.compress(b"no inner extension"))
     (corpus / "empty.txt").write_bytes(b"")
+    (corpus / "empty.jsonl.gz").write_bytes(gzip.compress(b""))
     (corpus / "blank.txt").write_text("  \n\t ")
-    (corpus / "latin1.txt").write_bytes("caf\xe9 \xa7 2".encode("latin-1"))
+    (corpus / "garbage.txt").write_bytes(bytes(rng.randrange(256) for _ in range(5000)) + b"\x00")
+    (corpus / "late nul.txt").write_bytes(b"text " * 20000 + b"\x00 more")  # past the sample at the start
+    (corpus / "controls.html").write_bytes(bytes(rng.randrange(1, 9) for _ in range(3000)))
+    (corpus / "latin1.txt").write_bytes(f"caf\xe9 \xa7 2 {good[3]}".encode("cp1252"))  # decoded by the fallback
+    (corpus / "cp1252 holes.txt").write_bytes(b"\x81\x8d\x8f\x90\x9d" * 10)  # bytes no encoding we try defines
+    (corpus / "truncated.jsonl.gz").write_bytes(gzip.compress(json.dumps({"text": good[4]}).encode() * 50)[:-30])
+    (corpus / "junk.txt.zst").write_bytes(b"\x28\xb5\x2f\xfd not really zstd")
+    (corpus / "no text column.csv").write_text("id,body\n1,x\n")
+    (corpus / "unreadable.txt").write_text(random_text(rng))
+    (corpus / "unreadable.txt").chmod(0)
+    if os.geteuid() == 0:  # root reads any file whatever its mode, so refuse it the way the OS would
+        refused = str(corpus / "unreadable.txt")
+
+        def guarded_open(path, *args, **kwargs):
+            if str(path) == refused:
+                raise PermissionError(13, "Permission denied", path)
+            return open(path, *args, **kwargs)
+
+        monkeypatch.setattr(sources, "open", guarded_open, raising=False)
     lines = [
         json.dumps({"text": good[1]}),
         json.dumps({"body": "wrong field"}),
@@ -138,34 +297,67 @@ def test_every_skip_reason_is_counted(tmp_path, rng):
         '{"text": "broken',
         json.dumps({"text": "\ud800 lone surrogate"}),
     ]
-    (corpus / "records.jsonl").write_bytes(("\n".join(lines) + "\n").encode() + b'{"text": "\xff\xfe"}\n')
+    (corpus / "records.jsonl").write_bytes(("\n".join(lines) + "\n").encode() + b'{"text": "\x81\x8d"}\n')
     (corpus / "bad.parquet").write_bytes(b"not parquet at all")
     (corpus / "truncated.json").write_text('{\n  "text": "cut off\n  here')
     pq.write_table(pa.table({"body": ["x"]}), corpus / "other column.parquet")
     pq.write_table(pa.table({"text": [good[2], ""]}), corpus / "rows.parquet")
+    # One line of 100 MB between two good records, written in pieces: it is passed over, never held whole.
+    last = random_text(rng)
+    with open(corpus / "huge line.jsonl", "wb") as huge:
+        huge.write(json.dumps({"text": good[0] + " first"}).encode() + b"\n" + b'{"text": "')
+        for _ in range(100):
+            huge.write(b"x" * 2**20)
+        huge.write(b'"}\n' + json.dumps({"text": last}).encode() + b"\n")
+    memory_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
 
     documents, report = load(tmp_path, corpus)
-    assert sorted(d["text"] for d in documents) == sorted(good)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - memory_before < 90 * 2**10
+    expected = [*good[:3], f"caf\xe9 \xa7 2 {good[3]}", good[0] + " first", last]
+    assert sorted(d["text"] for d in documents) == sorted(expected)
     assert report.counts == {
-        "unknown extension": 2,
-        "empty file": 1,
+        "unknown extension": 2,  # notes, archive.gz
+        "empty file": 2,  # empty.txt, the gzip of nothing
         "empty text": 4,  # blank.txt, "", null, the empty parquet row
-        "undecodable bytes": 3,  # latin1.txt, the \xff line, the lone surrogate
-        "missing text field": 2,
+        "binary file": 3,
+        "undecodable bytes": 3,  # the cp1252 holes file and line, the lone surrogate
+        "missing text field": 3,  # a record, a parquet file, a csv file
         "text not a string": 1,
         "record not an object": 1,
         "invalid json": 2,
         "unreadable parquet": 1,
+        "unreadable pdf": 2,  # corrupt, encrypted
+        "pdf without text": 1,
+        "unreadable docx": 1,
+        "unreadable file": 1,
+        "corrupt compressed file": 2,
+        "line too long": 1,
     }
-    assert report.total == 17
-    assert report.examples["empty file"] == [str(corpus / "empty.txt")]
+    assert report.total == 30
+    assert report.examples["empty file"] == [str(corpus / "empty.jsonl.gz"), str(corpus / "empty.txt")]
     assert report.examples["invalid json"] == [f"{corpus / 'records.jsonl'}:7", str(corpus / "truncated.json")]
-    assert sorted(report.examples["unknown extension"]) == sorted([str(corpus / "notes"), str(corpus / "scan.pdf")])
+    assert report.examples["line too long"] == [f"{corpus / 'huge line.jsonl'}:2"]
+    assert report.examples["unreadable file"] == [str(corpus / "unreadable.txt")]
+    assert sorted(report.examples["binary file"]) == sorted(
+        str(corpus / name) for name in ("garbage.txt", "late nul.txt", "controls.html")
+    )
     assert "2 invalid json" in str(report)
 
     # A load served from the cache reports the same skips.
     again, cached_report = load(tmp_path, corpus)
     assert cached_report == report and [d["text"] for d in again] == [d["text"] for d in documents]
+
+
+def test_line_cap_applies_to_line_formats(tmp_path, rng, monkeypatch):
+    monkeypatch.setattr(sources, "MAX_LINE_BYTES", 100)
+    short = [random_text(rng, words=5) for _ in range(3)]
+    (tmp_path / "long.txt").write_text(short[0] + "\n" + "y" * 101 + "\n")
+    (tmp_path / "ok.txt").write_text(short[0] + "\n" + "y" * 99 + "\n")  # 100 bytes with its newline: kept
+    (tmp_path / "rows.csv").write_text(f"text\n{short[1]}\n{'z' * 200}\n{short[2]}\n")
+    documents, report = load(tmp_path, tmp_path / "long.txt", tmp_path / "ok.txt", tmp_path / "rows.csv")
+    assert [d["text"] for d in documents] == [short[0] + "\n" + "y" * 99 + "\n", short[1], short[2]]
+    assert report.counts == {"line too long": 2}
+    assert report.examples["line too long"] == [str(tmp_path / "long.txt"), f"{tmp_path / 'rows.csv'}:3"]
 
 
 def test_skip_report_keeps_few_examples():

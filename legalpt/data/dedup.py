@@ -1,0 +1,167 @@
+"""Removal of exact and near-duplicate documents across the whole corpus.
+
+`deduplicate(documents, cfg, num_proc)` keeps the first occurrence of each document, in the original order:
+
+- exact: documents whose normalized text (lowercased, whitespace runs collapsed) has the same BLAKE2b hash as an
+  earlier one's;
+- near: MinHash signatures (datasketch) of the sets of `shingle_words`-word shingles, indexed with MinHashLSH. A
+  document is a near duplicate when an earlier kept document is among its LSH candidates and their estimated Jaccard
+  similarity is at least `threshold`. Documents shorter than one shingle have no signature: only exact dedup applies.
+
+Hashes and signatures are computed in parallel with `datasets.map`; the in-order pass over them is sequential, because
+whether a document is kept depends on every document before it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import zlib
+from typing import Any
+
+import datasets
+import numpy as np
+from datasketch import LeanMinHash, MinHash, MinHashLSH
+
+from legalpt.config import DedupConfig
+
+_SEED = 1  # seed of the MinHash permutations: fixed, so signatures are identical in every process and run
+_SCHEME = "affine32"  # datasketch's permutation scheme; signatures are uint32
+_NO_SIGNATURE = np.zeros(0, np.uint32)  # typed, so that a batch mixing it with signatures converts to one Arrow type
+_FEATURES = datasets.Features(
+    {"exact_hash": datasets.Value("string"), "minhash": datasets.List(datasets.Value("uint32"))}
+)
+
+
+def deduplicate(documents: datasets.Dataset, cfg: DedupConfig, num_proc: int = 1) -> tuple[datasets.Dataset, dict]:
+    """The documents without exact and near duplicates (first occurrence kept, order preserved), and a report:
+    `{"documents", "kept", "exact_duplicates", "near_duplicates", "too_short_for_near", "examples"}`, where
+    `too_short_for_near` counts the documents, not exact duplicates, that near dedup could not check because they are
+    shorter than one shingle (0 when near is off), and `examples` lists up to `cfg.examples` pairs
+    `{"kept_id", "removed_id", "kind": "exact" | "near", "similarity"}` (the estimated Jaccard similarity, to 4
+    decimals, for near duplicates; 1.0 for exact ones)."""
+    _check(documents, cfg, num_proc)
+    report: dict[str, Any] = {
+        "documents": documents.num_rows,
+        "kept": documents.num_rows,
+        "exact_duplicates": 0,
+        "near_duplicates": 0,
+        "too_short_for_near": 0,
+        "examples": [],
+    }
+    if documents.num_rows == 0 or not (cfg.exact or cfg.near):
+        return documents, report
+    signatures = documents.select_columns(["text"]).map(
+        functools.partial(_signatures, shingle_words=cfg.shingle_words, num_perm=cfg.num_perm, near=cfg.near),
+        batched=True,
+        batch_size=64,
+        remove_columns=["text"],
+        features=_FEATURES,
+        num_proc=num_proc if num_proc > 1 else None,
+        desc="dedup signatures",
+    )
+    keep = _scan(signatures, documents["id"], cfg, report)
+    report["kept"] = len(keep)
+    return (documents if len(keep) == documents.num_rows else documents.select(keep)), report
+
+
+def normalize(text: str) -> str:
+    """The text compared for exact duplicates: lowercased, whitespace runs collapsed to one space, stripped."""
+    return " ".join(text.lower().split())
+
+
+def _signatures(batch: dict[str, list], shingle_words: int, num_perm: int, near: bool) -> dict[str, list]:
+    """Exact-match hash and MinHash signature (empty when near dedup is off or the text is shorter than one
+    shingle) of each text of a batch."""
+    # CRC-32 instead of datasketch's default SHA-1: several times faster, and datasketch mixes every input hash
+    # (MurmurHash3's finalizer) before permuting it. Permutations are drawn once per batch.
+    template = MinHash(num_perm=num_perm, seed=_SEED, scheme=_SCHEME, hashfunc=zlib.crc32)
+    hashes, minhashes = [], []
+    for text in batch["text"]:
+        normalized = normalize(text)
+        hashes.append(hashlib.blake2b(normalized.encode(), digest_size=16).hexdigest())
+        words = normalized.split()
+        shingles = {" ".join(words[i : i + shingle_words]) for i in range(len(words) - shingle_words + 1)}
+        if not near or not shingles:
+            minhashes.append(_NO_SIGNATURE)
+            continue
+        minhash = template.copy()
+        minhash.update_batch([shingle.encode() for shingle in shingles])
+        minhashes.append(minhash.hashvalues)  # (num_perm,) uint32
+    return {"exact_hash": hashes, "minhash": minhashes}
+
+
+def _scan(signatures: datasets.Dataset, ids: list[str], cfg: DedupConfig, report: dict[str, Any]) -> list[int]:
+    """Indices of the documents kept, in order; counts and example pairs of the removed ones go into `report`."""
+    first_by_hash: dict[str, int] = {}
+    lsh = _lsh(cfg.threshold, cfg.num_perm) if cfg.near else None
+    kept_minhashes: dict[int, LeanMinHash] = {}
+    keep: list[int] = []
+    for index, row in enumerate(signatures):
+        if cfg.exact and row["exact_hash"] in first_by_hash:
+            _removed(report, cfg.examples, "exact", ids[first_by_hash[row["exact_hash"]]], ids[index], 1.0)
+            continue
+        if cfg.near and not row["minhash"]:
+            report["too_short_for_near"] += 1
+        if row["minhash"]:
+            minhash = LeanMinHash(seed=_SEED, hashvalues=np.asarray(row["minhash"], np.uint32), scheme=_SCHEME)
+            match = _best_match(minhash, lsh.query(minhash), kept_minhashes, cfg.threshold)
+            if match is not None:
+                _removed(report, cfg.examples, "near", ids[match[1]], ids[index], match[0])
+                continue
+            lsh.insert(index, minhash)
+            kept_minhashes[index] = minhash
+        first_by_hash[row["exact_hash"]] = index
+        keep.append(index)
+    return keep
+
+
+def _best_match(
+    minhash: LeanMinHash, candidates: list[int], kept: dict[int, LeanMinHash], threshold: float
+) -> tuple[float, int] | None:
+    """(similarity, index) of the most similar candidate at or above `threshold` (the earliest among equals), or
+    None. LSH candidates are only likely matches, so each one is checked against the estimated Jaccard."""
+    scored = [(minhash.jaccard(kept[index]), -index) for index in candidates]
+    best = max((pair for pair in scored if pair[0] >= threshold), default=None)
+    return None if best is None else (best[0], -best[1])
+
+
+def _lsh(threshold: float, num_perm: int) -> MinHashLSH:
+    """An LSH index for `threshold`. For thresholds near 1 datasketch's optimal banding is a single band, which it
+    refuses; two bands are then the most selective choice it accepts, and every candidate is verified anyway."""
+    try:
+        return MinHashLSH(threshold=threshold, num_perm=num_perm)
+    except ValueError:
+        return MinHashLSH(threshold=threshold, num_perm=num_perm, params=(2, num_perm // 2))
+
+
+def _removed(
+    report: dict[str, Any], examples: int, kind: str, kept_id: str, removed_id: str, similarity: float
+) -> None:
+    """Counts one removed duplicate and lists it as an example while fewer than `examples` are listed."""
+    report[f"{kind}_duplicates"] += 1
+    if len(report["examples"]) < examples:
+        pair = {"kept_id": kept_id, "removed_id": removed_id, "kind": kind, "similarity": round(float(similarity), 4)}
+        report["examples"].append(pair)
+
+
+def _check(documents: datasets.Dataset, cfg: DedupConfig, num_proc: int) -> None:
+    """Raises on a bad argument before any compute."""
+    if not isinstance(documents, datasets.Dataset):
+        raise TypeError(f"documents must be a datasets.Dataset, got {type(documents).__name__}")
+    missing = {"id", "text"} - set(documents.column_names)
+    if missing:
+        raise ValueError(f"documents must have columns id and text, missing {sorted(missing)}")
+    if not isinstance(cfg, DedupConfig):
+        raise TypeError(f"cfg must be a DedupConfig, got {type(cfg).__name__}")
+    for name in ("exact", "near"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise TypeError(f"dedup.{name} must be a bool, got {getattr(cfg, name)!r}")
+    if isinstance(cfg.threshold, bool) or not isinstance(cfg.threshold, int | float) or not 0 < cfg.threshold <= 1:
+        raise ValueError(f"dedup.threshold must be a number in (0, 1], got {cfg.threshold!r}")
+    for name, low in (("shingle_words", 1), ("num_perm", 2), ("examples", 0)):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"dedup.{name} must be an int >= {low}, got {value!r}")
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+        raise ValueError(f"num_proc must be an int >= 1, got {num_proc!r}")
