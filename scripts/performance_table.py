@@ -57,6 +57,32 @@ def generation() -> list[str]:
     return lines
 
 
+def data_preparation() -> list[str]:
+    lines = ["## Data preparation throughput (`scripts/bench_data.py`, same input and tokenizer)", ""]
+    for path in sorted(RESULTS.glob("data-*.json")):
+        record = json.loads(path.read_text())
+        h = record["header"]
+        corpus = h["corpus"]
+        lines += [
+            f"{h['machine']['cpu_count']} CPU cores, datasets {h['datasets']}, tokenizers {h['tokenizers']}, "
+            f"commit {h['commit']}, {h['date'][:10]}: {corpus['documents']} {corpus['source']} documents, "
+            f"{corpus['raw_bytes'] / 1e6:.1f} MB, seq_len {h['settings']['seq_len']}, num_proc "
+            f"{h['settings']['num_proc']}; median of {h['settings']['repeats']}. Command: `{h['command']}` "
+            f"(`{path.name}`).",
+            "",
+            "| variant | median s | MB/s | time / baseline | target |",
+            "|---|---|---|---|---|",
+        ]
+        for row in record["rows"]:
+            target = f"≤ {row['target_over_baseline']}×" if row.get("target_over_baseline") else ""
+            lines.append(
+                f"| {row['variant']} | {row['median_s']:.2f} | {row['mb_per_s']:.2f} | "
+                f"{row['over_baseline']:.2f}× | {target} |"
+            )
+        lines.append("")
+    return lines
+
+
 def main() -> None:
     text = [
         "# Performance",
@@ -68,6 +94,7 @@ def main() -> None:
         *default_runs(),
         "",
         *generation(),
+        *data_preparation(),
     ]
     out = ROOT / "docs" / "performance.md"
     out.parent.mkdir(exist_ok=True)
