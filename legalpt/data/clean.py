@@ -36,9 +36,9 @@ from collections import Counter
 from collections.abc import Mapping
 
 import datasets
-import pyarrow.compute as pc
 
 from legalpt.config import CleanConfig
+from legalpt.data.sources import count_characters
 
 _MAX_DECODE_PASSES = 4  # rounds of entity decoding ("&amp;amp;sect;" needs three)
 _MIN_RUN = 5  # consecutive numbered lines before they count as pleading line numbers
@@ -131,14 +131,10 @@ def clean_documents(documents: datasets.Dataset, cfg: CleanConfig, num_proc: int
     emptied = cleaned.filter(lambda batch: [bool(t) for t in batch["text"]], batched=True, desc="dropping emptied")
     return emptied, {
         "enabled": True,
-        "characters_in": _characters(documents),
-        "characters_out": _characters(emptied),
+        "characters_in": count_characters(documents),
+        "characters_out": count_characters(emptied),
         "emptied": cleaned.num_rows - emptied.num_rows,
     }
-
-
-def _characters(documents: datasets.Dataset) -> int:
-    return pc.sum(pc.utf8_length(documents.with_format("arrow")["text"])).as_py() or 0
 
 
 def _strip_markup(text: str) -> str:

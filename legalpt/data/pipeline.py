@@ -19,6 +19,7 @@ from typing import Any
 
 import datasets
 import numpy as np
+import pyarrow.compute as pc
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
@@ -27,7 +28,7 @@ from legalpt.data import pack
 from legalpt.data.clean import clean_documents
 from legalpt.data.dedup import deduplicate
 from legalpt.data.pack import PackStats, pack_dataset
-from legalpt.data.sources import corpus_fingerprint, load_documents
+from legalpt.data.sources import corpus_fingerprint, count_characters, load_documents
 from legalpt.data.tokenizer import check_vocab_size, get_tokenizer
 
 SPLITS = ("train", "heldout")
@@ -54,6 +55,7 @@ def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
     documents, skipped = load_documents(cfg)
     if documents.num_rows == 0:
         raise ValueError(f"data.paths: no document could be loaded from {list(cfg.paths)} ({skipped})")
+    loaded, characters = documents.num_rows, count_characters(documents)
     documents, cleaning = clean_documents(documents, cfg.clean, cfg.num_proc)
     documents, dedup = deduplicate(documents, cfg.dedup, cfg.num_proc)
     documents_by_split = dict(zip(SPLITS, split_documents(documents, cfg.heldout_fraction, cfg.seed), strict=True))
@@ -83,7 +85,35 @@ def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
         "cached": cached,
         "seconds": seconds,
     }
+    write_report(folder / "report.json", stats, loaded, characters)
     return PreparedData(train=rows["train"], heldout=rows["heldout"], tokenizer=tokenizer, stats=stats)
+
+
+def write_report(path: Path, stats: dict[str, Any], loaded: int, characters: int) -> dict[str, Any]:
+    """The run's report as JSON next to the packed rows: what was read, kept and skipped (by reason), tokens,
+    characters, time and throughput."""
+    skipped, seconds = stats["skipped"], sum(stats["seconds"].values())
+    report = {
+        "documents": {
+            "read": loaded + skipped.total,
+            "skipped": skipped.counts,
+            "skipped_examples": skipped.examples,
+            "emptied_by_cleaning": stats["clean"].get("emptied", 0),
+            "exact_duplicates": stats["dedup"]["exact_duplicates"],
+            "near_duplicates": stats["dedup"]["near_duplicates"],
+            "kept": stats["train"]["documents"] + stats["heldout"]["documents"],
+        },
+        "duplicate_examples": stats["dedup"]["examples"],
+        "characters": characters,
+        "splits": {split: stats[split] for split in SPLITS},
+        "seq_len": stats["seq_len"],
+        "tokenizer": stats["tokenizer"],
+        "cached": stats["cached"],
+        "seconds": stats["seconds"],
+        "mb_per_s": characters / 1e6 / seconds if seconds else None,
+    }
+    path.write_text(json.dumps(report, indent=2))
+    return report
 
 
 def split_documents(
@@ -117,6 +147,7 @@ def format_stats(stats: dict[str, Any]) -> str:
         )
     lines.append(f"tokenizer  {stats['tokenizer'] or 'trained BPE'} ({stats['vocab_size']:,} tokens)")
     lines.append(f"rows       {stats['rows_dir']}{' (from cache)' if stats['cached'] else ''}")
+    lines.append(f"report     {stats['rows_dir']}/report.json, lengths.png")
     lines.append("seconds    " + ", ".join(f"{phase} {s:.2f}" for phase, s in stats["seconds"].items()))
     return "\n".join(lines)
 
@@ -160,6 +191,8 @@ def _build(
             for split, docs in documents_by_split.items()
         }
         seconds["tokenize"] = time.perf_counter() - clock
+        out.mkdir()
+        plot_lengths({split: _lengths(ids) for split, ids in tokenized.items()}, cfg.seq_len, out / "lengths.png")
 
         clock = time.perf_counter()
         pack_stats = {}
@@ -176,6 +209,32 @@ def _build(
         except OSError:
             if not folder.exists():
                 raise  # else another process published the same rows first, and those serve as well
+
+
+def _lengths(tokenized: datasets.Dataset) -> np.ndarray:
+    if tokenized.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    return pc.list_value_length(tokenized.with_format("arrow")["input_ids"]).to_numpy()
+
+
+def plot_lengths(lengths: dict[str, np.ndarray], seq_len: int, path: Path) -> None:
+    """Histogram of document lengths in tokens (log scale), one series per split, with the row length marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    longest = max((int(x.max()) for x in lengths.values() if x.size), default=1)
+    bins = np.geomspace(1, max(2, longest + 1), 40)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for split, values in lengths.items():
+        ax.hist(np.maximum(values, 1), bins=bins, alpha=0.6, label=f"{split} ({values.size:,} documents)")
+    ax.axvline(seq_len, color="black", linestyle="--", linewidth=1, label=f"row length {seq_len}")
+    ax.set(xscale="log", xlabel="document length (tokens)", ylabel="documents", title="document lengths")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _tokenize(

@@ -34,6 +34,7 @@ import datasets
 import docx
 import lxml.html
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pypdf
 import zstandard
@@ -77,6 +78,11 @@ class SkipReport:
             return "nothing skipped"
         parts = (f"{n} {reason} (e.g. {', '.join(self.examples[reason])})" for reason, n in sorted(self.counts.items()))
         return "; ".join(parts)
+
+
+def count_characters(documents: datasets.Dataset) -> int:
+    """Characters of the `text` column, counted by Arrow without materialising the texts."""
+    return pc.sum(pc.utf8_length(documents.with_format("arrow")["text"])).as_py() or 0
 
 
 def load_documents(cfg: DataConfig) -> tuple[datasets.Dataset, SkipReport]:

@@ -184,6 +184,7 @@ def test_cleaning_and_dedup_run_inside_prepare_and_are_counted(tmp_path):
     (folder / "b.txt").write_text(body)  # the same document once a's markup is gone
     (folder / "c.txt").write_text("Plaintiff v. Defendant, 347 U.S. 483 (1954). " * 40)
     (folder / "d.txt").write_text("<p></p>")  # nothing left after cleaning
+    (folder / "e.txt").write_text("")  # skipped when loading
     cfg = DataConfig(paths=[str(folder)], vocab_size=300, seq_len=64, cache_dir=str(tmp_path / "cache"))
     data = prepare(cfg)
     assert data.stats["clean"]["emptied"] == 1
@@ -194,3 +195,11 @@ def test_cleaning_and_dedup_run_inside_prepare_and_are_counted(tmp_path):
     assert "<p>" not in text
     report = format_stats(data.stats)
     assert "dedup      1 exact" in report and "(exact, similarity 1.00)" in report
+
+    # Every prepare run leaves its report and a length histogram next to the rows; every document is accounted for.
+    saved = json.loads((Path(data.stats["rows_dir"]) / "report.json").read_text())
+    docs = saved["documents"]
+    assert docs["read"] == 5 and docs["skipped"] == {"empty file": 1}
+    assert docs["read"] - sum(docs["skipped"].values()) - docs["emptied_by_cleaning"] - docs["exact_duplicates"] == 2
+    assert docs["kept"] == 2 and saved["characters"] > 0 and saved["mb_per_s"] > 0
+    assert (Path(data.stats["rows_dir"]) / "lengths.png").stat().st_size > 1000
