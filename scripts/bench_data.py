@@ -26,7 +26,6 @@ import platform
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +48,7 @@ from legalpt.data.pipeline import prepare
 from legalpt.data.sources import load_documents
 from legalpt.data.synthetic import generate_documents
 from legalpt.data.tokenizer import train_bpe
+from legalpt.provenance import commit
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 10**6
@@ -216,7 +216,7 @@ def header(args: argparse.Namespace, argv: list[str] | None, corpus: dict) -> di
         "torch": torch.__version__,
         "datasets": datasets.__version__,
         "tokenizers": tokenizers.__version__,
-        "commit": os.environ.get("LEGALPT_COMMIT") or git_commit(),
+        "commit": commit(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(["python", "scripts/bench_data.py", *(sys.argv[1:] if argv is None else argv)]),
         "settings": {
@@ -229,14 +229,6 @@ def header(args: argparse.Namespace, argv: list[str] | None, corpus: dict) -> di
         "corpus": corpus,
         "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
     }
-
-
-def git_commit() -> str:
-    try:
-        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    except OSError:
-        return "unknown"
-    return found.stdout.strip() or "unknown"
 
 
 def table(rows: list[dict], mb: float) -> str:

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -34,6 +33,7 @@ from legalpt.data.synthetic import generate_documents
 from legalpt.data.tokenizer import train_bpe
 from legalpt.eval.generate import generate_with_stats
 from legalpt.model import build_model, count_parameters
+from legalpt.provenance import commit
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTENTIONS = ("legalpt", "sdpa")  # ours first, then the baseline on the same weights
@@ -128,7 +128,7 @@ def header(args: argparse.Namespace, model, tokenizer, dtype: str) -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda,
-        "commit": os.environ.get("LEGALPT_COMMIT") or git_commit(),
+        "commit": commit(),
         "date": stamp.isoformat(timespec="seconds"),
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "preset": args.preset,
@@ -139,14 +139,6 @@ def header(args: argparse.Namespace, model, tokenizer, dtype: str) -> dict:
         "max_new_tokens": args.max_new_tokens,
         "prompt_tokens": args.prompt_tokens,
     }
-
-
-def git_commit() -> str:
-    try:
-        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    except OSError:
-        return "unknown"
-    return found.stdout.strip() or "unknown"
 
 
 def table(rows: list[dict]) -> str:

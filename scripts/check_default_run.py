@@ -23,12 +23,9 @@ from pathlib import Path
 
 import torch
 
+from legalpt.provenance import commit
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def git_commit() -> str:
-    found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return found.stdout.strip() or "unknown"
 
 
 def main() -> int:
@@ -58,8 +55,7 @@ def main() -> int:
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
-        # The GPU machine gets a copy of the tree without .git: the caller names the commit there.
-        "commit": os.environ.get("LEGALPT_COMMIT") or git_commit(),
+        "commit": commit(),
         "wall_s": round(wall, 1),
         "eval_losses": evals,
         "first_eval_loss": evals[0][1],
