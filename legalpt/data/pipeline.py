@@ -28,7 +28,7 @@ from legalpt.data import pack
 from legalpt.data.clean import clean_documents
 from legalpt.data.dedup import deduplicate
 from legalpt.data.pack import PackStats, pack_dataset
-from legalpt.data.sources import corpus_fingerprint, count_characters, load_documents
+from legalpt.data.sources import SkipReport, corpus_fingerprint, count_characters, load_documents
 from legalpt.data.tokenizer import check_vocab_size, get_tokenizer
 
 SPLITS = ("train", "heldout")
@@ -47,18 +47,40 @@ class PreparedData:
     stats: dict[str, Any]
 
 
-def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
-    """Load, split, tokenize and pack the documents of `cfg`; `pretrained` names the model whose tokenizer to use."""
-    _check(cfg, pretrained)
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
+@dataclass
+class Corpus:
+    """The documents after loading, cleaning and dedup, their train/held-out split, and what each step did."""
+
+    documents: datasets.Dataset  # every kept document, in order
+    splits: dict[str, datasets.Dataset]  # "train", "heldout"
+    skipped: SkipReport  # what loading skipped, by reason
+    cleaning: dict[str, Any]  # clean_documents' report
+    dedup: dict[str, Any]  # deduplicate's report
+    loaded: int  # documents loaded, before cleaning and dedup
+    characters: int  # their characters
+
+
+def split_corpus(cfg: DataConfig) -> Corpus:
+    """Load, clean, deduplicate and split the documents of `cfg`: the one definition of the held-out split, shared
+    by training (`prepare`) and evaluation."""
     documents, skipped = load_documents(cfg)
     if documents.num_rows == 0:
         raise ValueError(f"data.paths: no document could be loaded from {list(cfg.paths)} ({skipped})")
     loaded, characters = documents.num_rows, count_characters(documents)
     documents, cleaning = clean_documents(documents, cfg.clean, cfg.num_proc)
     documents, dedup = deduplicate(documents, cfg.dedup, cfg.num_proc)
-    documents_by_split = dict(zip(SPLITS, split_documents(documents, cfg.heldout_fraction, cfg.seed), strict=True))
+    splits = dict(zip(SPLITS, split_documents(documents, cfg.heldout_fraction, cfg.seed), strict=True))
+    return Corpus(documents, splits, skipped, cleaning, dedup, loaded, characters)
+
+
+def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
+    """Load, split, tokenize and pack the documents of `cfg`; `pretrained` names the model whose tokenizer to use."""
+    _check(cfg, pretrained)
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+    corpus = split_corpus(cfg)
+    documents, documents_by_split = corpus.documents, corpus.splits
+    skipped, cleaning, dedup = corpus.skipped, corpus.cleaning, corpus.dedup
     seconds["load"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
@@ -85,7 +107,7 @@ def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
         "cached": cached,
         "seconds": seconds,
     }
-    write_report(folder / "report.json", stats, loaded, characters)
+    write_report(folder / "report.json", stats, corpus.loaded, corpus.characters)
     return PreparedData(train=rows["train"], heldout=rows["heldout"], tokenizer=tokenizer, stats=stats)
 
 

@@ -17,7 +17,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-IGNORE_INDEX = -100  # label of tokens that are not predicted (document starts, padding)
+from legalpt.data.pack import IGNORE_INDEX
+from legalpt.eval.stats import bootstrap_ci
 
 
 @torch.no_grad()
@@ -234,7 +235,7 @@ def _summary(rows: list[dict], samples: int, seed: int) -> dict:
         "loss": loss,
         "perplexity": math.exp(loss),
         "bits_per_byte": _bits_per_byte(float(nll.sum()), int(num_bytes.sum())),
-        "bits_per_byte_ci": _ratio_ci(nll / math.log(2), num_bytes, samples, seed),
+        "bits_per_byte_ci": bootstrap_ci(nll / math.log(2), samples=samples, seed=seed, weights=num_bytes)[1:],
         "tokens": tokens,
         "bytes": int(num_bytes.sum()),
         "documents": len(rows),
@@ -244,20 +245,3 @@ def _summary(rows: list[dict], samples: int, seed: int) -> dict:
 def _bits_per_byte(nll: float, num_bytes: int) -> float:
     # No bytes: a document that is one multi-byte character split into tokens, its first token unscored.
     return nll / math.log(2) / num_bytes if num_bytes else float("nan")
-
-
-def _ratio_ci(
-    numerator: np.ndarray, denominator: np.ndarray, samples: int, seed: int, level: float = 0.95
-) -> tuple[float, float]:
-    """Percentile-bootstrap interval of sum(numerator) / sum(denominator), resampling documents.
-
-    `stats.bootstrap_ci` averages items; a per-byte rate is a ratio of sums, so long documents weigh more, as they do
-    in the point estimate.
-    """
-    if samples == 0:
-        return float("nan"), float("nan")
-    picks = np.random.default_rng(seed).integers(0, len(numerator), size=(samples, len(numerator)))  # (samples, N)
-    ratios = numerator[picks].sum(axis=1) / denominator[picks].sum(axis=1)
-    alpha = (1.0 - level) / 2.0
-    low, high = np.quantile(ratios, [alpha, 1.0 - alpha])
-    return float(low), float(high)

@@ -20,8 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
 from legalpt.config import Config, DataConfig, EvalConfig, to_config
-from legalpt.data.pipeline import split_documents
-from legalpt.data.sources import load_documents
+from legalpt.data.pipeline import split_corpus
 from legalpt.eval import choice, citations
 from legalpt.eval.generate import generate, generate_with_stats
 from legalpt.eval.perplexity import document_perplexity
@@ -93,9 +92,10 @@ def default_output_dir(checkpoint: str) -> Path:
 
 
 def heldout_documents(cfg: DataConfig, max_documents: int) -> tuple[list[dict], dict]:
-    """The held-out documents of the corpus, split as training split them; and what loading skipped."""
-    documents, skipped = load_documents(cfg)
-    heldout = split_documents(documents, cfg.heldout_fraction, cfg.seed)[1]
+    """The held-out documents of the corpus, cleaned, deduplicated and split exactly as training split them; and what
+    loading skipped."""
+    corpus = split_corpus(cfg)
+    heldout, skipped = corpus.splits["heldout"], corpus.skipped
     if max_documents:
         heldout = heldout.select(range(min(max_documents, heldout.num_rows)))
     rows = [{"id": r["id"], "text": r["text"], "kind": r["kind"]} for r in heldout]

@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from legalpt.config import Config, TrainConfig, to_config
-from legalpt.data.pack import collate_packed
+from legalpt.data.pack import IGNORE_INDEX, collate_packed
 from legalpt.data.pipeline import format_stats, prepare
-from legalpt.eval.perplexity import IGNORE_INDEX, heldout_loss
+from legalpt.eval.perplexity import heldout_loss
 from legalpt.model import build_model, count_parameters
 from legalpt.train.checkpoint import export_model, load_checkpoint, resolve_resume, save_checkpoint
 from legalpt.train.optim import build_optimizer, build_scheduler
