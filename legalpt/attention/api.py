@@ -7,12 +7,14 @@ for a wrong type) naming it. What flash-attn offers and legalpt does not (dropou
 instead of being ignored.
 
 Backend: the `backend=` argument, else the environment variable LEGALPT_ATTN_BACKEND, else `set_backend()`, else
-"auto". "reference" is the blockwise PyTorch implementation behind the custom ops; "sdpa" is torch's
-scaled_dot_product_attention with a dense mask, for comparison.
+"auto". "fa2" is our FlashAttention-2 CUDA kernels (sm80+, bf16/fp16); "reference" the blockwise PyTorch
+implementation (any device and dtype); both serve the custom ops. "sdpa" is torch's scaled_dot_product_attention
+with a dense mask, for comparison. "auto" runs fa2 where it can and the reference elsewhere, and logs why once.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -21,12 +23,14 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from legalpt.attention import ops, sdpa
+from legalpt.attention import fa2, ops, sdpa
 from legalpt.attention.masks import Documents, MaskSpec
 
+log = logging.getLogger(__name__)
+
 BACKEND_ENV = "LEGALPT_ATTN_BACKEND"
-_AUTO = "reference"  # what "auto" runs, on every device until CUDA kernels register here
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_auto_reasons_logged: set[str] = set()
 
 
 def _run_sdpa(*args) -> tuple[Tensor, None]:
@@ -36,6 +40,7 @@ def _run_sdpa(*args) -> tuple[Tensor, None]:
 # name -> run(q, k, v, cu_q, cu_k, max_q, max_k, spec, scale, softcap, deterministic) -> (out, lse or None)
 _BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
     "reference": partial(ops.attention, backend="reference"),
+    "fa2": partial(ops.attention, backend="fa2"),
     "sdpa": _run_sdpa,
 }
 _WITHOUT_LSE = {"sdpa"}  # backends that cannot serve return_attn_probs=True
@@ -90,7 +95,7 @@ def flash_attn_func(
         q, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
         global_tokens, dilation, block_layout, block_size, seqlen_q, seqlen_k, q.shape[0],
     )  # fmt: skip
-    run = _BACKENDS[_resolve_backend(backend, return_attn_probs)]
+    run = _BACKENDS[_resolve_backend(backend, return_attn_probs, q)]
     out, lse = run(q, k, v, None, None, seqlen_q, seqlen_k, spec, scale, softcap, deterministic)
     return (out, lse, None) if return_attn_probs else out
 
@@ -137,25 +142,41 @@ def flash_attn_varlen_func(
     )  # fmt: skip
     if not torch.compiler.is_compiling():  # the values need a host sync; under compile the op checks them itself
         Documents.from_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    run = _BACKENDS[_resolve_backend(backend, return_attn_probs)]
+    run = _BACKENDS[_resolve_backend(backend, return_attn_probs, q)]
     out, lse = run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, scale, softcap, deterministic)
     return (out, lse, None) if return_attn_probs else out
 
 
-def _resolve_backend(backend: str | None, need_lse: bool) -> str:
-    """The backend to run: argument > environment variable > set_backend(); "auto" resolved."""
+def _resolve_backend(backend: str | None, need_lse: bool, q: Tensor) -> str:
+    """The backend to run: argument > environment variable > set_backend(); "auto" resolved; fa2 checked."""
     if backend is not None:
         name = _check_backend(backend, "backend")
     elif os.environ.get(BACKEND_ENV):
         name = _check_backend(os.environ[BACKEND_ENV], BACKEND_ENV)
     else:
         name = _default_backend
-    name = _AUTO if name == "auto" else name
+    if name == "auto":
+        name = _auto(q)
+    elif name == "fa2":
+        fa2.check(q)
     if need_lse and name in _WITHOUT_LSE:
         raise ValueError(
             f"return_attn_probs: the {name} backend has no logsumexp, expected False (or backend='reference')"
         )
     return name
+
+
+def _auto(q: Tensor) -> str:
+    """fa2 where it runs, else the reference; the reason for falling back is logged once per reason."""
+    try:
+        fa2.check(q)
+        return "fa2"
+    except ValueError as why:
+        reason = str(why).split(": ", 1)[-1]
+        if reason not in _auto_reasons_logged:
+            _auto_reasons_logged.add(reason)
+            log.info("attention backend auto: running the reference, since fa2 %s", reason)
+        return "reference"
 
 
 def _check_backend(name: str, source: str) -> str:

@@ -22,8 +22,9 @@ How the extras interact:
   the unshifted query position i and the key position j, both within the document. It is a final AND: a block it
   rules out is invisible even to global tokens.
 
-This module holds the rule (`element_mask`), its block-level form (`block_visible`, used to skip work), dense masks
-for comparison backends (`batch_mask`, `packed_mask`) and the document structure read from `cu_seqlens`.
+This module holds the rule (`element_mask`), its block-level forms (`block_visible` and `block_full`, used to skip
+work and masking math), dense masks for comparison backends (`batch_mask`, `packed_mask`) and the document
+structure read from `cu_seqlens`.
 """
 
 from __future__ import annotations
@@ -160,6 +161,28 @@ def block_visible(spec: MaskSpec, i0: Tensor, i1: Tensor, j0: Tensor, j1: Tensor
         global_keys = (j0 < g) & (j0 <= p1) if spec.causal else j0 < g
         visible |= has_global_row | global_keys
     return visible
+
+
+def block_full(spec: MaskSpec, i0: Tensor, i1: Tensor, j0: Tensor, j1: Tensor, offset: Tensor) -> Tensor:
+    """Whether `element_mask` allows every pair of query positions [i0, i1] and key positions [j0, j1] (inclusive).
+
+    May answer False for a full block (never True for one that is not): the kernels then apply the element rule
+    to it, which costs time, not correctness. With dilation > 1 a block is full only when global tokens make it so.
+    """
+    left, right = spec.window
+    p0, p1 = i0 + offset, i1 + offset
+    g = spec.global_tokens
+    j0_local = torch.clamp(j0, min=g)  # global keys are visible whatever the window; the others must be inside it
+    full = torch.full_like(p0, spec.dilation == 1, dtype=torch.bool)
+    if left >= 0:
+        full &= p1 - j0_local <= left  # the farthest pair (last query, first non-global key) is inside the window
+    if right >= 0:
+        full &= j1 - p0 <= right
+    if g > 0:
+        full |= (j1 < g) | ((p0 >= 0) & (p1 < g))  # every key global, or every query global
+    if spec.causal:
+        full &= j1 <= p0
+    return full
 
 
 def batch_mask(spec: MaskSpec, seqlen_q: int, seqlen_k: int, device: torch.device) -> Tensor:

@@ -2,8 +2,8 @@
 
 Registered with torch.library, with fake (meta) implementations and autograd, so the attention is one opaque node
 under torch.compile(fullgraph=True). The backend is an op argument: each op looks its kernels up in `_KERNELS` by
-name, where CUDA kernels will register beside the reference. `deterministic` is part of the schema for those kernels;
-the reference backward is deterministic either way. Nothing here compiles or loads CUDA code.
+name: the reference and our FA2 CUDA kernels (fa2.py). `deterministic` selects fa2's atomic-free dQ; the reference
+backward is deterministic either way. Nothing here compiles or loads CUDA code: fa2 builds on first use.
 """
 
 from types import ModuleType
@@ -12,10 +12,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from legalpt.attention import reference
+from legalpt.attention import fa2, reference
 from legalpt.attention.masks import MaskSpec
 
-_KERNELS: dict[str, ModuleType] = {"reference": reference}  # backend name -> module with forward() and backward()
+_KERNELS: dict[str, ModuleType] = {"reference": reference, "fa2": fa2}  # name -> module with forward(), backward()
 
 
 def attention(
@@ -122,7 +122,7 @@ def attention_backward(
     spec = _spec(causal, window_left, window_right, global_tokens, dilation, block_layout, block_q, block_k)
     return _kernels(backend).backward(
         dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, softmax_scale,
-        softcap,
+        softcap, deterministic,
     )  # fmt: skip
 
 

@@ -119,8 +119,12 @@ def backward(
     spec: MaskSpec,
     softmax_scale: float,
     softcap: float,
+    deterministic: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of `forward`, given dout (like out) and the gradient of the logsumexp (None = 0)."""
+    """dq, dk, dv of `forward`, given dout (like out) and the gradient of the logsumexp (None = 0).
+
+    Deterministic whatever `deterministic` says (no atomics); the argument is there for the common signature.
+    """
     qp, kp, vp, docs = _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     dop, outp = _packed_rows(dout), _packed_rows(out)
     lsep = _packed_lse(lse, q)  # (total_q, H)

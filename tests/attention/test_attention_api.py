@@ -4,6 +4,7 @@ backend precedence, and an import that loads no CUDA code."""
 from __future__ import annotations
 
 import inspect
+import logging
 import subprocess
 import sys
 
@@ -207,12 +208,21 @@ def test_auto_backend_runs_reference(backend_spy, monkeypatch):
     assert backend_spy == ["reference", "reference"]
 
 
+def test_auto_says_once_why_it_falls_back_to_the_reference(caplog, monkeypatch):
+    monkeypatch.setattr(api, "_auto_reasons_logged", set())
+    with caplog.at_level(logging.INFO, logger="legalpt.attention.api"):
+        for _ in range(3):
+            flash_attn_func(**_batch(), backend="auto")
+    fallbacks = [r.getMessage() for r in caplog.records if "running the reference" in r.getMessage()]
+    assert len(fallbacks) == 1 and "CUDA device" in fallbacks[0]
+
+
 def test_unknown_backend_names(backend_spy, monkeypatch):
-    with pytest.raises(ValueError, match=r"^set_backend: expected one of auto, reference, sdpa, got 'fa9'"):
+    with pytest.raises(ValueError, match=r"^set_backend: expected one of auto, reference, fa2, sdpa, got 'fa9'"):
         set_backend("fa9")
     assert get_backend() == "auto"
     monkeypatch.setenv(BACKEND_ENV, "fa9")
-    with pytest.raises(ValueError, match=rf"^{BACKEND_ENV}: expected one of auto, reference, sdpa"):
+    with pytest.raises(ValueError, match=rf"^{BACKEND_ENV}: expected one of auto, reference, fa2, sdpa"):
         flash_attn_func(**_batch())
     assert backend_spy == []
 

@@ -1,0 +1,325 @@
+// FA2 backward: one thread block per (key tile, document, key head), accumulating dK and dV in registers while
+// it visits the query tiles of every query head of its group (GQA costs no extra dK/dV memory or reduction).
+//
+// Warps own 16 keys each (4 key groups); head dims over 128 split the dK/dV columns over a second set of 4 warps.
+// Per visited query tile, recomputed from Q, K and the saved logsumexp:
+//   S^T = K Q^T, P^T = exp2(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - delta) * d(logit)/d(q.k)
+//   dV += P^T dO, dK += dS^T Q   (A operands straight from registers)
+//   dQ += dS K                   (dS^T through shared memory; float32 atomics into dq_accum)
+// With `deterministic`, dQ comes instead from `dq_kernel`: one block per query tile that owns its rows of dQ and
+// adds the key tiles in a fixed order (S and dP are computed twice, the price of bitwise-repeatable gradients).
+#pragma once
+
+#include "fwd.cuh"
+
+namespace legalpt::fa2 {
+
+template <typename T, int D>
+struct BwdTraits {
+  static constexpr int kBlockM = 64;  // query rows per visited tile
+  static constexpr int kBlockN = 64;  // keys per block: 4 warps x 16
+  static constexpr int kParts = D > 128 ? 2 : 1;  // column split of dK/dV: 16 x D/parts float accumulators per warp
+  static constexpr int kWarps = 4 * kParts;
+  static constexpr int kThreads = kWarps * 32;
+  // K, V; Q, dO, logsumexp and delta twice (the next query tile loads while this one computes); dS^T
+  static constexpr int kSmem = 2 * kBlockN * (D + 8) * sizeof(T) + 2 * (2 * kBlockM * (D + 8) * sizeof(T) +
+                               2 * kBlockM * sizeof(float)) + kBlockN * (kBlockM + 8) * sizeof(T);
+};
+
+// The (query head, query tile) pairs a key tile visits, in order: every head of the group, each head's schedule row.
+struct BwdWork {
+  int g, t;  // group member, position in its visit list; g == kv_group when done
+  Visits vis;
+};
+
+__device__ __forceinline__ void advance(const Params& p, BwdWork& w, int b, int hk, int n_blk) {
+  ++w.t;
+  while (w.t >= w.vis.count && ++w.g < p.kv_group) {
+    w.t = 0;
+    w.vis = visits(p.schedule, b, hk * p.kv_group + w.g, n_blk);
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __grid_constant__ Params p) {
+  using Tr = BwdTraits<T, D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, SP = BM + 8, NT = Tr::kThreads;
+  constexpr int DW = D / Tr::kParts;  // dK/dV/dQ columns per warp
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);  // (BN, DP)
+  T* sV = sK + BN * DP;                // (BN, DP)
+  T* sQ0 = sV + BN * DP;               // (2, BM, DP): two stages
+  T* sdO0 = sQ0 + 2 * BM * DP;         // (2, BM, DP)
+  T* sdS = sdO0 + 2 * BM * DP;         // (BN, SP): dS^T
+  float* sLse0 = reinterpret_cast<float*>(sdS + BN * SP);  // (2, BM) log2 domain
+  float* sDelta0 = sLse0 + 2 * BM;                         // (2, BM)
+
+  const int n_blk = blockIdx.x, b = blockIdx.y, hk = blockIdx.z;
+  const Document doc = document(p, b);
+  if (n_blk * BN >= doc.lk) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int key0 = (warp % 4) * 16;  // the warp's keys in the tile (S^T rows)
+  const int d0 = (warp / 4) * DW;    // the warp's dK/dV/dQ columns
+  const int q0 = (warp % 4) * 16;    // the warp's dQ rows
+
+  load_tile<T, BN, D, NT>(sK, row_ptr<const T>(p.k, b, doc.k_start, n_blk * BN, hk), p.k.row_stride,
+                          doc.lk - n_blk * BN);
+  load_tile<T, BN, D, NT>(sV, row_ptr<const T>(p.v, b, doc.k_start, n_blk * BN, hk), p.v.row_stride,
+                          doc.lk - n_blk * BN);
+  cp_async_commit();
+
+  // Copies of one query tile of one head into stage `stage`: Q, dO, and its rows' logsumexp and delta.
+  auto load_query_tile = [&](const BwdWork& w, int stage) {
+    const int h = hk * p.kv_group + w.g, m_blk = w.vis.tiles[w.t], valid = doc.lq - m_blk * BM;
+    load_tile<T, BM, D, NT>(sQ0 + stage * BM * DP, row_ptr<const T>(p.q, b, doc.q_start, m_blk * BM, h),
+                            p.q.row_stride, valid);
+    load_tile<T, BM, D, NT>(sdO0 + stage * BM * DP, row_ptr<const T>(p.o, b, doc.q_start, m_blk * BM, h),
+                            p.o.row_stride, valid);
+    for (int r = threadIdx.x; r < BM; r += NT) {  // rows past the document read 0: the mask zeroes their P
+      const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + m_blk * BM + r;
+      cp_async4(sLse0 + stage * BM + r, p.lse_log2 + at, r < valid);
+      cp_async4(sDelta0 + stage * BM + r, p.delta + at, r < valid);
+    }
+    cp_async_commit();
+  };
+
+  float dk[DW / 8][4] = {}, dv[DW / 8][4] = {};  // rows key0 + lane/4 (+8), columns d0 + 8 * n + 2 * (lane % 4)
+  BwdWork work{0, -1, visits(p.schedule, b, hk * p.kv_group, n_blk)};
+  advance(p, work, b, hk, n_blk);  // to the first pair, if any
+  if (work.g < p.kv_group) load_query_tile(work, 0);
+  for (int stage = 0; work.g < p.kv_group; stage ^= 1) {
+    const int h = hk * p.kv_group + work.g, m_blk = work.vis.tiles[work.t];
+    const bool partial = work.t < work.vis.partial;
+    BwdWork next = work;
+    advance(p, next, b, hk, n_blk);
+    if (next.g < p.kv_group) {
+      load_query_tile(next, stage ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // this stage's copies have landed for every thread
+    const T* sQ = sQ0 + stage * BM * DP;
+    const T* sdO = sdO0 + stage * BM * DP;
+    const float* sLse = sLse0 + stage * BM;
+    const float* sDelta = sDelta0 + stage * BM;
+
+    float st[BM / 8][4] = {}, dpt[BM / 8][4] = {};  // S^T and dP^T: (16 keys, BM queries) per warp
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ak[4], av[4];
+      ldmatrix_x4(ak, sK + (key0 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
+      ldmatrix_x4(av, sV + (key0 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int nj = 0; nj < BM / 16; ++nj) {
+        const int offset = (nj * 16 + (lane & 7) + (lane >> 4) * 8) * DP + kk * 16 + ((lane >> 3) & 1) * 8;
+        uint32_t bq[4], bo[4];
+        ldmatrix_x4(bq, sQ + offset);
+        ldmatrix_x4(bo, sdO + offset);
+        mma_16816<T>(st[2 * nj], ak, bq[0], bq[1]);
+        mma_16816<T>(st[2 * nj + 1], ak, bq[2], bq[3]);
+        mma_16816<T>(dpt[2 * nj], av, bo[0], bo[1]);
+        mma_16816<T>(dpt[2 * nj + 1], av, bo[2], bo[3]);
+      }
+    }
+
+    const int j0 = n_blk * BN + key0 + lane / 4;
+#pragma unroll
+    for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int col = n * 8 + 2 * (lane % 4) + (c & 1);  // query within the tile
+        float x, dlogit;                                     // logit (log2 domain) and d logit_e / d (q.k)
+        if (p.softcap > 0.f) {
+          const float th = tanhf(st[n][c] * p.softcap_inv_scale);
+          x = p.softcap * kLog2e * th;
+          dlogit = p.ds_scale * (1.f - th * th);
+        } else {
+          x = st[n][c] * p.scale_log2;
+          dlogit = p.ds_scale;
+        }
+        if (partial && !visible(p.mask, m_blk * BM + col, j0 + (c >> 1) * 8, doc.lq, doc.lk, b, h)) x = -INFINITY;
+        const float prob = exp2f(x - sLse[col]);
+        st[n][c] = prob;
+        dpt[n][c] = prob * (dpt[n][c] - sDelta[col]) * dlogit;
+      }
+
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      const uint32_t ap[4] = {pack2<T>(st[2 * kq][0], st[2 * kq][1]), pack2<T>(st[2 * kq][2], st[2 * kq][3]),
+                              pack2<T>(st[2 * kq + 1][0], st[2 * kq + 1][1]),
+                              pack2<T>(st[2 * kq + 1][2], st[2 * kq + 1][3])};
+      const uint32_t as[4] = {pack2<T>(dpt[2 * kq][0], dpt[2 * kq][1]), pack2<T>(dpt[2 * kq][2], dpt[2 * kq][3]),
+                              pack2<T>(dpt[2 * kq + 1][0], dpt[2 * kq + 1][1]),
+                              pack2<T>(dpt[2 * kq + 1][2], dpt[2 * kq + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < DW / 16; ++nd) {
+        const int offset = (kq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + d0 + nd * 16 + (lane >> 4) * 8;
+        uint32_t bo[4], bq[4];
+        ldmatrix_x4_trans(bo, sdO + offset);
+        ldmatrix_x4_trans(bq, sQ + offset);
+        mma_16816<T>(dv[2 * nd], ap, bo[0], bo[1]);
+        mma_16816<T>(dv[2 * nd + 1], ap, bo[2], bo[3]);
+        mma_16816<T>(dk[2 * nd], as, bq[0], bq[1]);
+        mma_16816<T>(dk[2 * nd + 1], as, bq[2], bq[3]);
+      }
+      if (d0 == 0 && !p.deterministic) {  // one copy of dS^T for dQ
+        T* row = sdS + (key0 + lane / 4) * SP + kq * 16 + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(row) = as[0];
+        *reinterpret_cast<uint32_t*>(row + 8 * SP) = as[1];
+        *reinterpret_cast<uint32_t*>(row + 8) = as[2];
+        *reinterpret_cast<uint32_t*>(row + 8 * SP + 8) = as[3];
+      }
+    }
+    if (!p.deterministic) {
+      __syncthreads();  // dS^T complete
+      float dq[DW / 8][4] = {};  // rows q0 + lane/4 (+8), columns d0 + 8 * n + 2 * (lane % 4)
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * SP + q0 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int nd = 0; nd < DW / 16; ++nd) {
+          uint32_t bk[4];
+          ldmatrix_x4_trans(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + d0 + nd * 16 +
+                                    (lane >> 4) * 8);
+          mma_16816<T>(dq[2 * nd], a, bk[0], bk[1]);
+          mma_16816<T>(dq[2 * nd + 1], a, bk[2], bk[3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = m_blk * BM + q0 + lane / 4 + 8 * r;
+        if (i >= doc.lq) continue;
+        float* out = row_ptr<float>(p.dq_accum, b, doc.q_start, i, h) + d0 + 2 * (lane % 4);
+#pragma unroll
+        for (int n = 0; n < DW / 8; ++n) atomic_add2(out + 8 * n, dq[n][2 * r], dq[n][2 * r + 1]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage and sdS before they are written again
+    work = next;
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = n_blk * BN + key0 + lane / 4 + 8 * r;
+    if (j >= doc.lk) continue;
+    T* dk_row = row_ptr<T>(p.dk, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
+    T* dv_row = row_ptr<T>(p.dv, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
+#pragma unroll
+    for (int n = 0; n < DW / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(dk_row + 8 * n) = pack2<T>(dk[n][2 * r], dk[n][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv_row + 8 * n) = pack2<T>(dv[n][2 * r], dv[n][2 * r + 1]);
+    }
+  }
+}
+
+// dQ alone, for deterministic gradients: one thread block per (query tile, document, head), 8 warps of 16 rows,
+// visiting the key tiles of the forward schedule in order. dS stays in registers and is the A operand of dS K.
+template <typename T, int D>
+__global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) dq_kernel(const __grid_constant__ Params p) {
+  using Tr = FwdTraits<T, D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, NT = Tr::kThreads;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);  // (BM, DP)
+  T* sdO = sQ + BM * DP;               // (BM, DP)
+  T* sK = sdO + BM * DP;               // (BN, DP)
+  T* sV = sK + BN * DP;                // (BN, DP)
+
+  const int m_blk = gridDim.x - 1 - blockIdx.x;
+  const int b = blockIdx.y, h = blockIdx.z, hk = h / p.kv_group;
+  const Document doc = document(p, b);
+  if (m_blk * BM >= doc.lq) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r0 = warp * 16;
+  const Visits vis = visits(p.schedule, b, h, m_blk);
+  load_tile<T, BM, D, NT>(sQ, row_ptr<const T>(p.q, b, doc.q_start, m_blk * BM, h), p.q.row_stride,
+                          doc.lq - m_blk * BM);
+  load_tile<T, BM, D, NT>(sdO, row_ptr<const T>(p.o, b, doc.q_start, m_blk * BM, h), p.o.row_stride,
+                          doc.lq - m_blk * BM);
+  cp_async_commit();
+  float lse[2], delta[2];  // the thread's two rows: log2-domain logsumexp (+inf: P = 0) and delta
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = m_blk * BM + r0 + lane / 4 + 8 * r;
+    const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + i;
+    lse[r] = i < doc.lq ? p.lse_log2[at] : INFINITY;
+    delta[r] = i < doc.lq ? p.delta[at] : 0.f;
+  }
+  const T* k = row_ptr<const T>(p.k, b, doc.k_start, 0, hk);
+  const T* v = row_ptr<const T>(p.v, b, doc.k_start, 0, hk);
+
+  float dq[D / 8][4] = {};
+  for (int t = 0; t < vis.count; ++t) {
+    const int n = vis.tiles[t] * BN;
+    __syncthreads();  // every warp is done with the previous K and V
+    load_tile<T, BN, D, NT>(sK, k + n * p.k.row_stride, p.k.row_stride, doc.lk - n);
+    load_tile<T, BN, D, NT>(sV, v + n * p.v.row_stride, p.v.row_stride, doc.lk - n);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    float s[BN / 8][4] = {}, dp[BN / 8][4] = {};  // S and dP: (16, BN) per warp
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t aq[4], ao[4];
+      ldmatrix_x4(aq, sQ + (r0 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
+      ldmatrix_x4(ao, sdO + (r0 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int nj = 0; nj < BN / 16; ++nj) {
+        const int offset = (nj * 16 + (lane & 7) + (lane >> 4) * 8) * DP + kk * 16 + ((lane >> 3) & 1) * 8;
+        uint32_t bk[4], bv[4];
+        ldmatrix_x4(bk, sK + offset);
+        ldmatrix_x4(bv, sV + offset);
+        mma_16816<T>(s[2 * nj], aq, bk[0], bk[1]);
+        mma_16816<T>(s[2 * nj + 1], aq, bk[2], bk[3]);
+        mma_16816<T>(dp[2 * nj], ao, bv[0], bv[1]);
+        mma_16816<T>(dp[2 * nj + 1], ao, bv[2], bv[3]);
+      }
+    }
+    const bool partial = t < vis.partial;
+    const int i0 = m_blk * BM + r0 + lane / 4, j0 = n + 2 * (lane % 4);
+#pragma unroll
+    for (int nn = 0; nn < BN / 8; ++nn)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float x, dlogit;
+        if (p.softcap > 0.f) {
+          const float th = tanhf(s[nn][c] * p.softcap_inv_scale);
+          x = p.softcap * kLog2e * th;
+          dlogit = p.ds_scale * (1.f - th * th);
+        } else {
+          x = s[nn][c] * p.scale_log2;
+          dlogit = p.ds_scale;
+        }
+        if (partial && !visible(p.mask, i0 + (c >> 1) * 8, j0 + nn * 8 + (c & 1), doc.lq, doc.lk, b, h)) x = -INFINITY;
+        const float prob = exp2f(x - lse[c >> 1]);
+        dp[nn][c] = prob * (dp[nn][c] - delta[c >> 1]) * dlogit;
+      }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint32_t a[4] = {pack2<T>(dp[2 * kk][0], dp[2 * kk][1]), pack2<T>(dp[2 * kk][2], dp[2 * kk][3]),
+                             pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                             pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < D / 16; ++nd) {
+        uint32_t bk[4];
+        ldmatrix_x4_trans(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + nd * 16 + (lane >> 4) * 8);
+        mma_16816<T>(dq[2 * nd], a, bk[0], bk[1]);
+        mma_16816<T>(dq[2 * nd + 1], a, bk[2], bk[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = m_blk * BM + r0 + lane / 4 + 8 * r;
+    if (i >= doc.lq) continue;
+    float* out = row_ptr<float>(p.dq_accum, b, doc.q_start, i, h) + 2 * (lane % 4);
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) *reinterpret_cast<float2*>(out + 8 * d) = make_float2(dq[d][2 * r], dq[d][2 * r + 1]);
+  }
+}
+
+}  // namespace legalpt::fa2

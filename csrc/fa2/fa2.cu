@@ -1,0 +1,157 @@
+// Host side of the FA2 path for one head dimension (LEGALPT_HEAD_DIM, set by the build): turns the tensors that
+// legalpt/attention/fa2.py has checked into Params, launches the kernels on the current stream, and exposes
+// `forward` and `backward` to Python. One extension per head dimension keeps each build small and lets the first
+// use of a head dim compile only what it needs.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include "bwd.cuh"
+#include "fwd.cuh"
+
+#ifndef LEGALPT_HEAD_DIM
+#error "build with -DLEGALPT_HEAD_DIM=<32|64|96|128|192|256>"
+#endif
+
+namespace legalpt::fa2 {
+namespace {
+
+constexpr int kHeadDim = LEGALPT_HEAD_DIM;
+
+Tensor4 view(const at::Tensor& t) {  // (B, S, H, D) or (total, H, D)
+  if (t.dim() == 4) return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
+  return {t.data_ptr(), 0, t.stride(0), t.stride(1)};
+}
+
+const int* optional_int_ptr(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? t->data_ptr<int>() : nullptr;
+}
+
+// Everything both directions read: inputs, documents, scaling, mask and schedule.
+Params common_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
+                     const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
+                     int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
+                     const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale,
+                     double softcap) {
+  Params p{};
+  p.q = view(q);
+  p.k = view(k);
+  p.v = view(v);
+  p.lse = lse.data_ptr<float>();
+  const bool packed = q.dim() == 3;
+  p.lse_batch_stride = packed ? 0 : lse.stride(0);
+  p.lse_head_stride = packed ? lse.stride(0) : lse.stride(1);
+  p.cu_seqlens_q = optional_int_ptr(cu_q);
+  p.cu_seqlens_k = optional_int_ptr(cu_k);
+  p.seqlen_q = static_cast<int>(max_q);
+  p.seqlen_k = static_cast<int>(max_k);
+  p.heads = static_cast<int>(q.size(-2));
+  p.kv_group = static_cast<int>(q.size(-2) / k.size(-2));
+  p.softcap = static_cast<float>(softcap);
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.softcap_inv_scale = softcap > 0 ? static_cast<float>(scale / softcap) : 0.f;
+  p.ds_scale = static_cast<float>(scale);
+  // mask = [causal, left, right, global_tokens, dilation, layout_bq, layout_bk]
+  p.mask.causal = static_cast<int>(mask[0]);
+  p.mask.left = static_cast<int>(mask[1]);
+  p.mask.right = static_cast<int>(mask[2]);
+  p.mask.global_tokens = static_cast<int>(mask[3]);
+  p.mask.dilation = static_cast<int>(mask[4]);
+  p.mask.layout_bq = static_cast<int>(mask[5]);
+  p.mask.layout_bk = static_cast<int>(mask[6]);
+  if (layout.has_value()) {  // uint8 (Lb, Lh, nq, nk), contiguous
+    p.mask.layout = layout->data_ptr<uint8_t>();
+    p.mask.layout_stride_b = layout->size(0) > 1 ? layout->stride(0) : 0;
+    p.mask.layout_stride_h = layout->size(1) > 1 ? layout->stride(1) : 0;
+    p.mask.layout_stride_q = layout->stride(2);
+  }
+  p.schedule.counts = counts.data_ptr<int>();
+  p.schedule.indices = indices.data_ptr<int>();
+  p.schedule.stride_b = counts.size(0) > 1 ? counts.size(1) * counts.size(2) : 0;
+  p.schedule.stride_h = counts.size(1) > 1 ? counts.size(2) : 0;
+  p.schedule.cols = static_cast<int>(indices.size(3));
+  return p;
+}
+
+template <typename Kernel>
+void launch(Kernel kernel, dim3 grid, int threads, int smem, const Params& p) {
+  if (smem > 48 * 1024) C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<grid, threads, smem, at::cuda::getCurrentCUDAStream()>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+int documents(const at::Tensor& q, const std::optional<at::Tensor>& cu_q) {
+  return static_cast<int>(cu_q.has_value() ? cu_q->size(0) - 1 : q.size(0));
+}
+
+void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
+             const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
+             int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
+             const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale, double softcap) {
+  TORCH_CHECK(q.size(-1) == kHeadDim, "fa2 extension for head_dim ", kHeadDim, " got ", q.size(-1));
+  const c10::cuda::CUDAGuard guard(q.device());
+  Params p = common_params(q, k, v, lse, cu_q, cu_k, max_q, max_k, counts, indices, layout, mask, scale, softcap);
+  p.o = view(out);
+  const dim3 grid((max_q + 127) / 128, documents(q, cu_q), p.heads);
+  if (q.scalar_type() == at::kBFloat16) {
+    using Tr = FwdTraits<__nv_bfloat16, kHeadDim>;
+    launch(fwd_kernel<__nv_bfloat16, kHeadDim>, grid, Tr::kThreads, Tr::kSmem, p);
+  } else {
+    using Tr = FwdTraits<__half, kHeadDim>;
+    launch(fwd_kernel<__half, kHeadDim>, grid, Tr::kThreads, Tr::kSmem, p);
+  }
+}
+
+void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& lse_log2, const at::Tensor& delta, at::Tensor& dq_accum, at::Tensor& dk, at::Tensor& dv,
+              const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
+              int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
+              const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale, double softcap,
+              const at::Tensor& dq_counts, const at::Tensor& dq_indices, bool deterministic) {
+  TORCH_CHECK(q.size(-1) == kHeadDim, "fa2 extension for head_dim ", kHeadDim, " got ", q.size(-1));
+  const c10::cuda::CUDAGuard guard(q.device());
+  Params p =
+      common_params(q, k, v, lse_log2, cu_q, cu_k, max_q, max_k, counts, indices, layout, mask, scale, softcap);
+  p.o = view(dout);
+  p.deterministic = deterministic;
+  p.lse_log2 = lse_log2.data_ptr<float>();
+  p.delta = delta.data_ptr<float>();
+  p.dq_accum = view(dq_accum);
+  p.dk = view(dk);
+  p.dv = view(dv);
+  const dim3 grid((max_k + 63) / 64, documents(q, cu_q), k.size(-2));
+  if (q.scalar_type() == at::kBFloat16) {
+    using Tr = BwdTraits<__nv_bfloat16, kHeadDim>;
+    launch(bwd_kernel<__nv_bfloat16, kHeadDim>, grid, Tr::kThreads, Tr::kSmem, p);
+  } else {
+    using Tr = BwdTraits<__half, kHeadDim>;
+    launch(bwd_kernel<__half, kHeadDim>, grid, Tr::kThreads, Tr::kSmem, p);
+  }
+  if (!deterministic) return;
+  // dQ over the forward schedule (dq_counts, dq_indices: query tiles of 128 rows, key tiles of 64)
+  Params pq = common_params(q, k, v, lse_log2, cu_q, cu_k, max_q, max_k, dq_counts, dq_indices, layout, mask,
+                            scale, softcap);
+  pq.o = p.o;
+  pq.lse_log2 = p.lse_log2;
+  pq.delta = p.delta;
+  pq.dq_accum = p.dq_accum;
+  const dim3 dq_grid((max_q + 127) / 128, documents(q, cu_q), p.heads);
+  if (q.scalar_type() == at::kBFloat16) {
+    using Tr = FwdTraits<__nv_bfloat16, kHeadDim>;
+    launch(dq_kernel<__nv_bfloat16, kHeadDim>, dq_grid, Tr::kThreads, Tr::kSmem + Tr::kBlockM * (kHeadDim + 8) * 2, pq);
+  } else {
+    using Tr = FwdTraits<__half, kHeadDim>;
+    launch(dq_kernel<__half, kHeadDim>, dq_grid, Tr::kThreads, Tr::kSmem + Tr::kBlockM * (kHeadDim + 8) * 2, pq);
+  }
+}
+
+}  // namespace
+}  // namespace legalpt::fa2
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("head_dim") = legalpt::fa2::kHeadDim;
+  m.attr("fwd_tile") = pybind11::make_tuple(128, 64);  // (query rows, keys) per forward tile
+  m.attr("bwd_tile") = pybind11::make_tuple(64, 64);   // (query rows, keys) per backward tile
+  m.def("forward", &legalpt::fa2::forward, "FA2 attention forward (writes out and lse)");
+  m.def("backward", &legalpt::fa2::backward, "FA2 attention backward (accumulates dq_accum, writes dk and dv)");
+}

@@ -1,0 +1,129 @@
+"""The `fa2` backend: our FlashAttention-2 CUDA kernels (csrc/fa2) behind the attention custom ops.
+
+`forward` and `backward` have the signatures of the reference backend's (ops.py looks them up by name). They check
+what only the kernels need (device, dtype, head dim, alignment), pad head dims that have no instantiation, build
+the block-sparse schedules (blocks.py, cached per shape) and launch. The backward precomputes delta = rowsum(dO * O)
+- dlse with torch, accumulates dQ in float32 (atomics, or a separate dQ pass when deterministic) and converts it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from legalpt.attention import kernels
+from legalpt.attention.blocks import schedule_for
+from legalpt.attention.masks import MaskSpec
+
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def check(q: Tensor) -> None:
+    """ValueError naming what keeps the fa2 kernels from running on these inputs (called before any launch)."""
+    reason = kernels.unavailable_reason(q.device)
+    if reason is not None:
+        raise ValueError(f"backend: fa2 cannot run here: {reason}")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"q: the fa2 backend supports bfloat16 and float16, got {q.dtype}")
+    if kernels.padded_head_dim(q.shape[-1]) is None:
+        raise ValueError(f"q: the fa2 backend supports head_dim <= {kernels.HEAD_DIMS[-1]}, got {q.shape[-1]}")
+
+
+def forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor | None,
+    cu_seqlens_k: Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    spec: MaskSpec,
+    softmax_scale: float,
+    softcap: float,
+) -> tuple[Tensor, Tensor]:
+    """out like q; logsumexp float32 (B, H, Sq) for a batch, (H, total_q) for a varlen batch."""
+    check(q)
+    head_dim = q.shape[-1]
+    ext = kernels.fa2(kernels.padded_head_dim(head_dim))
+    qk, kk, vk = (_kernel_layout(x, ext.head_dim) for x in (q, k, v))
+    out = torch.empty_like(qk)
+    lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
+    schedule = schedule_for(
+        spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ext.fwd_tile, transposed=False, device=q.device
+    )
+    ext.forward(
+        qk, kk, vk, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, schedule.counts,
+        schedule.indices, _layout(spec), _mask_ints(spec), softmax_scale, softcap,
+    )  # fmt: skip
+    return out[..., :head_dim], lse
+
+
+def backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    dlse: Tensor | None,
+    cu_seqlens_q: Tensor | None,
+    cu_seqlens_k: Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    spec: MaskSpec,
+    softmax_scale: float,
+    softcap: float,
+    deterministic: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of `forward`."""
+    check(q)
+    head_dim = q.shape[-1]
+    ext = kernels.fa2(kernels.padded_head_dim(head_dim))
+    qk, kk, vk, dok = (_kernel_layout(x, ext.head_dim) for x in (q, k, v, dout))
+    delta = (dout.float() * out.float()).sum(-1)  # (B, Sq, H) or (total_q, H)
+    delta = delta.transpose(1, 2) if q.dim() == 4 else delta.t()
+    if dlse is not None:
+        delta = delta - dlse
+    delta = delta.contiguous()  # laid out like lse
+    # log2-domain logsumexp for exp2 in the kernels; +inf on rows that see no key makes their P 0 rather than NaN
+    lse_log2 = torch.where(lse == float("-inf"), float("inf"), lse * math.log2(math.e)).contiguous()
+    dq_accum = torch.zeros(qk.shape, device=q.device, dtype=torch.float32)
+    dk, dv = torch.empty_like(kk), torch.empty_like(vk)
+    shape = (spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    by_key_tile = schedule_for(*shape, ext.bwd_tile, transposed=True, device=q.device)
+    by_query_tile = by_key_tile  # deterministic: dQ gets its own pass over the forward's tiles (csrc/fa2/bwd.cuh)
+    if deterministic:
+        by_query_tile = schedule_for(*shape, ext.fwd_tile, transposed=False, device=q.device)
+    ext.backward(
+        dok, qk, kk, vk, lse_log2, delta, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        max_seqlen_k, by_key_tile.counts, by_key_tile.indices, _layout(spec), _mask_ints(spec), softmax_scale, softcap,
+        by_query_tile.counts, by_query_tile.indices, deterministic,
+    )  # fmt: skip
+    return tuple(x[..., :head_dim].to(q.dtype) for x in (dq_accum, dk, dv))
+
+
+def _kernel_layout(x: Tensor, head_dim: int) -> Tensor:
+    """x zero-padded to the kernel's head dim, with what the kernels need: a contiguous last dimension, strides and
+    a start aligned to 16 bytes (a copy only when the input lacks them)."""
+    if x.shape[-1] != head_dim:
+        return F.pad(x, (0, head_dim - x.shape[-1]))
+    aligned = x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:-1]) and x.data_ptr() % 16 == 0
+    return x if aligned else x.contiguous()
+
+
+def _lse_shape(q: Tensor) -> tuple[int, ...]:
+    return (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (q.shape[1], q.shape[0])
+
+
+def _layout(spec: MaskSpec) -> Tensor | None:
+    layout = spec.layout4d()
+    return None if layout is None else layout.to(torch.uint8).contiguous()
+
+
+def _mask_ints(spec: MaskSpec) -> list[int]:
+    """[causal, left, right, global_tokens, dilation, layout_bq, layout_bk], as csrc/fa2/fa2.cu reads them."""
+    left, right = spec.window
+    return [int(spec.causal), left, right, spec.global_tokens, spec.dilation, *spec.block_size]
