@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
         const int col = n * 8 + 2 * (lane % 4) + (c & 1);  // query within the tile
         float x, dlogit;                                     // logit (log2 domain) and d logit_e / d (q.k)
         if (p.softcap > 0.f) {
-          const float th = tanhf(st[n][c] * p.softcap_inv_scale);
+          const float th = tanh_accurate(st[n][c] * p.softcap_inv_scale);
           x = p.softcap * kLog2e * th;
           dlogit = p.ds_scale * (1.f - th * th);
         } else {
@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) dq_kernel(const 
       for (int c = 0; c < 4; ++c) {
         float x, dlogit;
         if (p.softcap > 0.f) {
-          const float th = tanhf(s[nn][c] * p.softcap_inv_scale);
+          const float th = tanh_accurate(s[nn][c] * p.softcap_inv_scale);
           x = p.softcap * kLog2e * th;
           dlogit = p.ds_scale * (1.f - th * th);
         } else {
@@ -319,6 +319,42 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) dq_kernel(const 
     float* out = row_ptr<float>(p.dq_accum, b, doc.q_start, i, h) + 2 * (lane % 4);
 #pragma unroll
     for (int d = 0; d < D / 8; ++d) *reinterpret_cast<float2*>(out + 8 * d) = make_float2(dq[d][2 * r], dq[d][2 * r + 1]);
+  }
+}
+
+// The backward's preprocessing: per (query row, head), delta = rowsum(dO * O) - dlse and the log2-domain
+// logsumexp the kernels subtract (+inf where the row sees no key). One warp per row and head, float32 sums.
+struct PrepArgs {
+  Tensor4 out, dout;         // the forward's output and its gradient (unpadded head dim)
+  const float* lse;          // (B, H, Sq) or (H, total_q)
+  const float* dlse;         // like lse, or nullptr
+  float* lse_log2;           // written, like lse
+  float* delta;              // written, like lse
+  int64_t lse_batch_stride, lse_head_stride;
+  int seqlen_q;              // rows per batch row; 0 for a packed varlen axis
+  int rows, heads, head_dim; // rows: B * Sq or total_q
+};
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <typename T>
+__global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (w >= static_cast<int64_t>(a.rows) * a.heads) return;
+  const int lane = threadIdx.x % 32, row = static_cast<int>(w / a.heads), h = static_cast<int>(w % a.heads);
+  const int b = a.seqlen_q > 0 ? row / a.seqlen_q : 0, i = a.seqlen_q > 0 ? row % a.seqlen_q : row;
+  const T* o = row_ptr<const T>(a.out, b, 0, i, h);
+  const T* d = row_ptr<const T>(a.dout, b, 0, i, h);
+  float sum = 0.f;
+  for (int c = lane; c < a.head_dim; c += 32) sum += to_float(o[c]) * to_float(d[c]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+  if (lane == 0) {
+    const int64_t at = b * a.lse_batch_stride + h * a.lse_head_stride + i;
+    const float lse = a.lse[at];
+    a.lse_log2[at] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    a.delta[at] = sum - (a.dlse != nullptr ? a.dlse[at] : 0.f);
   }
 }
 

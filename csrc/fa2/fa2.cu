@@ -145,6 +145,35 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   }
 }
 
+void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& lse,
+             const std::optional<at::Tensor>& dlse, at::Tensor& lse_log2, at::Tensor& delta) {
+  const c10::cuda::CUDAGuard guard(out.device());
+  const bool packed = out.dim() == 3;
+  PrepArgs a{};
+  a.out = view(out);
+  a.dout = view(dout);
+  a.lse = lse.data_ptr<float>();
+  a.dlse = dlse.has_value() ? dlse->data_ptr<float>() : nullptr;
+  a.lse_log2 = lse_log2.data_ptr<float>();
+  a.delta = delta.data_ptr<float>();
+  a.lse_batch_stride = packed ? 0 : lse.stride(0);
+  a.lse_head_stride = packed ? lse.stride(0) : lse.stride(1);
+  a.seqlen_q = packed ? 0 : static_cast<int>(out.size(1));
+  a.rows = static_cast<int>(packed ? out.size(0) : out.size(0) * out.size(1));
+  a.heads = static_cast<int>(out.size(-2));
+  a.head_dim = static_cast<int>(out.size(-1));
+  constexpr int kWarps = 8;
+  const int64_t blocks = (static_cast<int64_t>(a.rows) * a.heads + kWarps - 1) / kWarps;
+  if (blocks == 0) return;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  if (out.scalar_type() == at::kBFloat16) {
+    bwd_prep_kernel<__nv_bfloat16><<<blocks, kWarps * 32, 0, stream>>>(a);
+  } else {
+    bwd_prep_kernel<__half><<<blocks, kWarps * 32, 0, stream>>>(a);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 }  // namespace legalpt::fa2
 
@@ -153,5 +182,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("fwd_tile") = pybind11::make_tuple(128, 64);  // (query rows, keys) per forward tile
   m.attr("bwd_tile") = pybind11::make_tuple(64, 64);   // (query rows, keys) per backward tile
   m.def("forward", &legalpt::fa2::forward, "FA2 attention forward (writes out and lse)");
+  m.def("prepare", &legalpt::fa2::prepare, "backward preprocessing: delta = rowsum(dO * O) - dlse, lse in log2");
   m.def("backward", &legalpt::fa2::backward, "FA2 attention backward (accumulates dq_accum, writes dk and dv)");
 }

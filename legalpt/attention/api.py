@@ -8,8 +8,9 @@ instead of being ignored.
 
 Backend: the `backend=` argument, else the environment variable LEGALPT_ATTN_BACKEND, else `set_backend()`, else
 "auto". "fa2" is our FlashAttention-2 CUDA kernels (sm80+, bf16/fp16); "reference" the blockwise PyTorch
-implementation (any device and dtype); both serve the custom ops. "sdpa" is torch's scaled_dot_product_attention
-with a dense mask, for comparison. "auto" runs fa2 where it can and the reference elsewhere, and logs why once.
+implementation (any device and dtype); both serve the custom ops. For comparison: "sdpa" is torch's
+scaled_dot_product_attention with a dense mask, "flex" PyTorch FlexAttention with the same mask (compiled on CUDA).
+"auto" runs fa2 where it can and the reference elsewhere, and logs why once.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from legalpt.attention import fa2, ops, sdpa
+from legalpt.attention import fa2, flex, ops, sdpa
 from legalpt.attention.masks import Documents, MaskSpec
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ _BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
     "reference": partial(ops.attention, backend="reference"),
     "fa2": partial(ops.attention, backend="fa2"),
     "sdpa": _run_sdpa,
+    "flex": flex.attention,
 }
 _WITHOUT_LSE = {"sdpa"}  # backends that cannot serve return_attn_probs=True
 BACKENDS = ("auto", *_BACKENDS)
@@ -172,10 +174,10 @@ def _auto(q: Tensor) -> str:
         fa2.check(q)
         return "fa2"
     except ValueError as why:
-        reason = str(why).split(": ", 1)[-1]
+        reason = str(why)
         if reason not in _auto_reasons_logged:
             _auto_reasons_logged.add(reason)
-            log.info("attention backend auto: running the reference, since fa2 %s", reason)
+            log.info("attention backend auto: running the reference (%s)", reason)
         return "reference"
 
 

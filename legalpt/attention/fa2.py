@@ -2,13 +2,12 @@
 
 `forward` and `backward` have the signatures of the reference backend's (ops.py looks them up by name). They check
 what only the kernels need (device, dtype, head dim, alignment), pad head dims that have no instantiation, build
-the block-sparse schedules (blocks.py, cached per shape) and launch. The backward precomputes delta = rowsum(dO * O)
-- dlse with torch, accumulates dQ in float32 (atomics, or a separate dQ pass when deterministic) and converts it.
+the block-sparse schedules (blocks.py, cached per shape) and launch. The backward runs a preprocessing kernel
+(delta = rowsum(dO * O) - dlse, the logsumexp in log2), accumulates dQ in float32 (atomics, or a separate dQ pass
+when deterministic) and converts it.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +57,7 @@ def forward(
         qk, kk, vk, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, schedule.counts,
         schedule.indices, _layout(spec), _mask_ints(spec), softmax_scale, softcap,
     )  # fmt: skip
-    return out[..., :head_dim], lse
+    return _unpad(out, head_dim), lse
 
 
 def backward(
@@ -83,13 +82,9 @@ def backward(
     head_dim = q.shape[-1]
     ext = kernels.fa2(kernels.padded_head_dim(head_dim))
     qk, kk, vk, dok = (_kernel_layout(x, ext.head_dim) for x in (q, k, v, dout))
-    delta = (dout.float() * out.float()).sum(-1)  # (B, Sq, H) or (total_q, H)
-    delta = delta.transpose(1, 2) if q.dim() == 4 else delta.t()
-    if dlse is not None:
-        delta = delta - dlse
-    delta = delta.contiguous()  # laid out like lse
-    # log2-domain logsumexp for exp2 in the kernels; +inf on rows that see no key makes their P 0 rather than NaN
-    lse_log2 = torch.where(lse == float("-inf"), float("inf"), lse * math.log2(math.e)).contiguous()
+    lse = lse.contiguous()
+    delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
+    ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta)
     dq_accum = torch.zeros(qk.shape, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(kk), torch.empty_like(vk)
     shape = (spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -102,7 +97,20 @@ def backward(
         max_seqlen_k, by_key_tile.counts, by_key_tile.indices, _layout(spec), _mask_ints(spec), softmax_scale, softcap,
         by_query_tile.counts, by_query_tile.indices, deterministic,
     )  # fmt: skip
-    return tuple(x[..., :head_dim].to(q.dtype) for x in (dq_accum, dk, dv))
+    return _unpad(dq_accum.to(q.dtype), head_dim), _unpad(dk, head_dim), _unpad(dv, head_dim)
+
+
+def _unpad(x: Tensor, head_dim: int) -> Tensor:
+    """The first head_dim columns, contiguous as the custom ops promise (a copy only for padded head dims)."""
+    return x if x.shape[-1] == head_dim else x[..., :head_dim].contiguous()
+
+
+def _last_contiguous(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _contiguous(x: Tensor | None) -> Tensor | None:
+    return None if x is None else x.contiguous()
 
 
 def _kernel_layout(x: Tensor, head_dim: int) -> Tensor:

@@ -1,7 +1,8 @@
 """Test oracle for legalpt.attention: naive float64 attention with a dense mask written straight from the rule.
 
 Deliberately independent of legalpt.attention.masks: the mask below is the element rule of DESIGN.md transcribed
-element by element, scores are dense, and the softmax is torch's.
+element by element, scores are dense, and the softmax is torch's. `assert_flash_attn_rule` is the accuracy rule for
+low-precision backends.
 """
 
 from __future__ import annotations
@@ -102,3 +103,16 @@ def _one_document(
     p = torch.softmax(s, dim=-1) * mask
     lse = torch.where(seen[..., 0], torch.logsumexp(s, dim=-1), float("-inf"))
     return torch.einsum("hij,jhd->ihd", p, v), lse
+
+
+def assert_flash_attn_rule(name: str, got: Tensor, exact: Tensor, plain: Tensor, ratio: float, atol: float) -> None:
+    """flash-attn's accuracy rule: max |got - exact| <= ratio * max |plain - exact| + atol.
+
+    `exact` is the float64 result, `plain` the same quantity computed by plain PyTorch in the precision under test
+    (naive_attention(dtype=...)). A NaN anywhere in `got` fails.
+    """
+    if got.numel() == 0:
+        return
+    err = (got.double() - exact).abs().max().item()
+    plain_err = (plain.double() - exact).abs().max().item()
+    assert err <= ratio * plain_err + atol, f"{name}: max error {err:.3g} > {ratio} x plain {plain_err:.3g} + {atol:g}"
