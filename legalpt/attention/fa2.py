@@ -21,14 +21,20 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 
 def check(q: Tensor) -> None:
-    """ValueError naming what keeps the fa2 kernels from running on these inputs (called before any launch)."""
-    reason = kernels.unavailable_reason(q.device)
-    if reason is not None:
-        raise ValueError(f"backend: fa2 cannot run here: {reason}")
+    """ValueError naming what keeps the fa2 kernels from running on these inputs (called before any launch).
+
+    While torch.compile traces, only the inputs are checked: the machine checks (compute capability, sources,
+    nvcc) read files, which would break the graph; the op checks them again when it runs.
+    """
+    if q.device.type != "cuda":
+        raise ValueError(f"backend: fa2 cannot run here: it needs a CUDA device and the inputs are on {q.device.type}")
     if q.dtype not in DTYPES:
         raise ValueError(f"q: the fa2 backend supports bfloat16 and float16, got {q.dtype}")
     if kernels.padded_head_dim(q.shape[-1]) is None:
         raise ValueError(f"q: the fa2 backend supports head_dim <= {kernels.HEAD_DIMS[-1]}, got {q.shape[-1]}")
+    reason = None if torch.compiler.is_compiling() else kernels.unavailable_reason(q.device)
+    if reason is not None:
+        raise ValueError(f"backend: fa2 cannot run here: {reason}")
 
 
 def forward(
