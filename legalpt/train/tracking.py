@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import netrc
 import os
 import uuid
 from pathlib import Path
+from urllib.parse import urlparse
 
 from accelerate import Accelerator
 
@@ -33,11 +35,23 @@ def tracker_name(logger: str) -> str | None:
 
 
 def wandb_offline_unless_keyed() -> None:
-    """Run wandb offline when no API key is configured, so a fresh machine never stops at a login prompt."""
-    import wandb
+    """Run wandb offline when no API key is configured, so a fresh machine never stops at a login prompt.
 
-    if "WANDB_MODE" not in os.environ and not (os.environ.get("WANDB_API_KEY") or wandb.api.api_key):
+    The key is looked up where wandb keeps it (WANDB_API_KEY, else the netrc entry of its host) without asking
+    wandb itself: reading `wandb.api.api_key` settles wandb's settings as online before WANDB_MODE can be set.
+    """
+    if "WANDB_MODE" not in os.environ and not _wandb_key_configured():
         os.environ["WANDB_MODE"] = "offline"
+
+
+def _wandb_key_configured() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):  # no netrc file, or one wandb could not read either
+        return False
 
 
 def start_tracking(accelerator: Accelerator, logger: str, project: str, run_dir: Path, config: dict) -> str | None:
