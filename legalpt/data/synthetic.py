@@ -12,9 +12,11 @@ with no download, on text shaped like legal documents, which gives a small model
   citations, and short forms (Id., supra, "347 U.S. at 495") that refer back to earlier citations of the same opinion.
 
 Lengths are log-uniform from about 1.5k to 55k tokens at ~4 characters per token (about 1k to 35k whitespace-separated
-words). Document i depends only on (seed, i), through a `random.Random` seeded with a string (hashed with SHA-512, not
-with Python's randomised `hash`), so the corpus is identical in every process and `generate_documents(n)` is a prefix
-of `generate_documents(n + k)`.
+words). Document i is drawn by a `random.Random` seeded with (seed, i) as a string (hashed with SHA-512, not with
+Python's randomised `hash`), so the corpus is identical in every process. A reporter cite names one case in the whole
+corpus, as a real one does: a new case is drawn again while an earlier case holds one of its cites, so document i also
+depends on the cites of the documents before it (never on those after it), and `generate_documents(n)` is a prefix of
+`generate_documents(n + k)`.
 
 The phrases live in plain-text blocks (`_NAMES`, `_CONTRACT_PHRASES`, `_OPINION_PHRASES`) parsed at import; the code
 below them only chooses, fills and arranges them.
@@ -1577,9 +1579,17 @@ class _Citations:
     cites and supra that refer back to it. Every full citation is recorded for the document's metadata."""
 
     def __init__(
-        self, rng: random.Random, court: str, year: int, state: _State, circuit: str, explain: Callable[[], str]
+        self,
+        rng: random.Random,
+        court: str,
+        year: int,
+        state: _State,
+        circuit: str,
+        explain: Callable[[], str],
+        taken: set[tuple[int, str, int]],
     ) -> None:
         self.rng = rng
+        self.taken = taken  # every (volume, edition, page) of the corpus so far; each names one case, added here
         self.court = court  # kind of the citing court: scotus | circuit | district | state
         self.year = year  # no cited decision is later than the opinion
         self.state = state  # the home state, cited most by a state court
@@ -1645,8 +1655,10 @@ class _Citations:
         make = {"scotus": self._scotus, "circuit": self._circuit, "district": self._district, "state": self._state}
         kind = self.rng.choices(tuple(weights), tuple(weights.values()))[0]
         case = make[kind]()
-        while any(c.short == case.short for c in self.cases):  # short forms must be unambiguous
+        # Short forms must be unambiguous in the opinion, and a cite held by another case would make it name two.
+        while any(c.short == case.short for c in self.cases) or not self.taken.isdisjoint(case.cites):
             case = make[kind]()
+        self.taken.update(case.cites)
         self.cases.append(case)
         return case
 
@@ -1765,7 +1777,8 @@ def _caption(parties: _Parties, kind: str, criminal: bool) -> tuple[str, str]:
     return f"{first} v. {second}", f"{first.upper()}, {roles[0]},\nv.\n{second.upper()}, {roles[1]}."
 
 
-def _opinion(rng: random.Random, target: int) -> tuple[str, dict]:
+def _opinion(rng: random.Random, target: int, taken: set[tuple[int, str, int]]) -> tuple[str, dict]:
+    """An opinion of about `target` characters whose new cases take cites that are not in `taken` (and add them)."""
     topic = rng.choice(tuple(_TOPICS))
     style, topic_pools = _TOPICS[topic]
     kind = rng.choices(("scotus", "circuit", "district", "state"), (0.3, 0.3, 0.2, 0.2))[0]
@@ -1788,7 +1801,7 @@ def _opinion(rng: random.Random, target: int) -> tuple[str, dict]:
         fact_year=str(year - rng.randint(2, 6)), fact_date=_date(rng, year - rng.randint(2, 6)),
         amount=_amount(rng, 5, 8),
     )  # fmt: skip
-    citations = _Citations(rng, kind, year, state, circuit[1], lambda: filler.fill("{rule}"))
+    citations = _Citations(rng, kind, year, state, circuit[1], lambda: filler.fill("{rule}"), taken)
     filler["cite"] = _Lazy(citations.cite)
     filler["string_cite"] = _Lazy(citations.string_cite)
 
@@ -1876,7 +1889,8 @@ def generate_documents(num_documents: int, seed: int = 0) -> list[dict]:
     generator put in the text (an opinion's full citations, a contract's sections and defined terms, ...) and the
     target length in characters; it is JSON-serialisable.
 
-    The same (num_documents, seed) gives the same documents in every process; document i depends only on (seed, i).
+    The same (num_documents, seed) gives the same documents in every process; document i depends only on (seed, i)
+    and the documents before it, and a (volume, reporter, page) cite names one case in the whole corpus.
     """
     if isinstance(num_documents, bool) or not isinstance(num_documents, int):
         raise TypeError(f"num_documents must be an int, got {type(num_documents).__name__}")
@@ -1885,11 +1899,12 @@ def generate_documents(num_documents: int, seed: int = 0) -> list[dict]:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     documents = []
+    cited: set[tuple[int, str, int]] = set()  # the cites of the cases in the corpus so far
     for index in range(num_documents):
         rng = random.Random(f"legalpt-synthetic/{seed}/{index}")
         target = int(MIN_CHARS * (MAX_CHARS / MIN_CHARS) ** rng.random())  # log-uniform
         kind = "contract" if index % 2 == 0 else "opinion"
-        text, meta = (_contract if kind == "contract" else _opinion)(rng, target)
+        text, meta = _contract(rng, target) if kind == "contract" else _opinion(rng, target, cited)
         meta["target_chars"] = target
         record = {"id": f"synthetic-{seed}-{index:05d}", "text": text, "source": "synthetic", "kind": kind}
         documents.append({**record, "meta": meta})

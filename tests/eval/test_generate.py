@@ -99,9 +99,11 @@ def test_greedy_batches_match_a_loop_without_cache_in_prompt_order():
     lengths = [5, 31, 12, 2, 31, 18, 9]  # unsorted, with a tie, so sorting and batching reorder them
     cfg = GenerationConfig(max_new_tokens=7, batch_size=3)
     # The eos chosen below: an ordinary word, first produced by prompt 0 at its third step, and no prefix of any prompt
-    # word (a special token is matched inside raw text, so eos "w1" would also split "w12").
+    # word (a special token is matched inside raw text, so eos "w1" would also split "w12"). The draws decode past
+    # "</s>", as every row does once eos is that word: prompt 0 has a third step even where "</s>" came first, and no
+    # step the rows take goes unchecked for near-ties.
     while True:
-        prompts, free = well_defined_prompts(model, tokenizer, lengths, cfg.max_new_tokens)
+        prompts, free = well_defined_prompts(model, tokenizer, lengths, cfg.max_new_tokens, stop_at_eos=False)
         word = tokenizer.convert_ids_to_tokens(free[0][2])
         clash = any(w.startswith(word) for p in prompts for w in p.split())
         if free[0][2] not in free[0][:2] and word.startswith("w") and not clash:
