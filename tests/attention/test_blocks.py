@@ -1,0 +1,86 @@
+"""Block-sparse schedules (legalpt/attention/blocks.py) against a brute-force classification of every tile."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from attention_helpers import rule_mask
+
+from legalpt.attention.blocks import EMPTY, FULL, PARTIAL, build_schedule, schedule_for, tile_states
+from legalpt.attention.masks import MaskSpec
+
+
+def brute_force_states(spec: MaskSpec, seqlen_q: int, seqlen_k: int, tile: tuple[int, int]) -> torch.Tensor:
+    """uint8 (H or 1, nqt, nkt): empty, partial or full from the dense mask of the test oracle."""
+    layout = None if spec.block_layout is None else spec.layout4d()[0]
+    mask = rule_mask(
+        seqlen_q, seqlen_k, causal=spec.causal, window=spec.window, global_tokens=spec.global_tokens,
+        dilation=spec.dilation, layout=layout, block_size=spec.block_size,
+    )  # fmt: skip
+    tq, tk = tile
+    nqt, nkt = -(-seqlen_q // tq), -(-seqlen_k // tk)
+    states = torch.zeros(mask.shape[0], nqt, nkt, dtype=torch.uint8)
+    for a in range(nqt):
+        for b in range(nkt):
+            block = mask[:, a * tq : (a + 1) * tq, b * tk : (b + 1) * tk]
+            whole = (a + 1) * tq <= seqlen_q and (b + 1) * tk <= seqlen_k  # a tile cut by the document end is partial
+            states[:, a, b] = block.flatten(1).any(1).to(torch.uint8) * (1 + (block.flatten(1).all(1) & whole))
+    return states
+
+
+def random_spec(draw: random.Random, heads: int, seqlen_q: int, seqlen_k: int) -> MaskSpec:
+    block_size = (draw.choice([4, 7, 16]), draw.choice([5, 8, 16]))
+    layout = None
+    if draw.random() < 0.4:
+        shape = (heads, -(-seqlen_q // block_size[0]), -(-seqlen_k // block_size[1]))
+        layout = torch.rand(shape, generator=torch.Generator().manual_seed(draw.randrange(1 << 30))) < 0.6
+    window = (draw.choice([-1, 0, 5, 17]), draw.choice([-1, 0, 3, 20]))
+    return MaskSpec(draw.random() < 0.5, window, draw.choice([0, 3, 9]), draw.choice([1, 2, 3]), layout, block_size)
+
+
+def test_tiles_are_never_missed_and_never_called_full_wrongly(rng):
+    draw = random.Random(rng.randrange(1 << 30))
+    for _ in range(150):
+        heads, seqlen_q, seqlen_k = draw.choice([1, 2]), draw.randint(1, 70), draw.randint(1, 70)
+        spec = random_spec(draw, heads, seqlen_q, seqlen_k)
+        tile = (draw.choice([4, 8, 16]), draw.choice([4, 8, 16]))
+        got = tile_states(spec, torch.tensor([seqlen_q]), torch.tensor([seqlen_k]), seqlen_q, seqlen_k, tile)[0]
+        exact = brute_force_states(spec, seqlen_q, seqlen_k, tile)
+        got = got.expand_as(exact)
+        assert ((exact != EMPTY) <= (got != EMPTY)).all(), (spec, seqlen_q, seqlen_k, tile)  # visible: a superset
+        assert ((got == FULL) <= (exact == FULL)).all(), (spec, seqlen_q, seqlen_k, tile)  # full: never wrongly
+
+
+def test_plain_causal_and_window_masks_are_classified_exactly(rng):
+    for causal, window in ((True, (-1, -1)), (False, (40, 13)), (True, (100, 0)), (False, (-1, -1))):
+        spec = MaskSpec(causal, window)
+        seqlen_q, seqlen_k = rng.randint(100, 300), rng.randint(100, 300)
+        got = tile_states(spec, torch.tensor([seqlen_q]), torch.tensor([seqlen_k]), seqlen_q, seqlen_k, (32, 16))
+        assert torch.equal(got[0], brute_force_states(spec, seqlen_q, seqlen_k, (32, 16)))
+
+
+def test_visit_lists_hold_partial_tiles_first_then_full_ones_in_order(rng):
+    states = torch.tensor(rng.choices([EMPTY, PARTIAL, FULL], k=6 * 9), dtype=torch.uint8).view(1, 2, 3, 9)
+    for transposed in (False, True):
+        schedule = build_schedule(states, (16, 16), transposed)
+        table = states.transpose(-1, -2) if transposed else states
+        for row, counts, indices in zip(
+            table.flatten(0, 2), schedule.counts.flatten(0, 2), schedule.indices.flatten(0, 2), strict=True
+        ):
+            partial = [i for i, s in enumerate(row.tolist()) if s == PARTIAL]
+            full = [i for i, s in enumerate(row.tolist()) if s == FULL]
+            assert counts.tolist() == [len(partial) + len(full), len(partial)]
+            assert indices[: counts[0]].tolist() == partial + full
+
+
+def test_schedules_are_cached_per_shape_and_rebuilt_for_new_documents():
+    spec = MaskSpec(causal=True)
+    cu = torch.tensor([0, 50, 130], dtype=torch.int32)
+    first = schedule_for(spec, cu, cu, 80, 80, (16, 16), False, torch.device("cpu"))
+    assert schedule_for(spec, cu, cu, 80, 80, (16, 16), False, torch.device("cpu")) is first
+    other = torch.tensor([0, 80, 130], dtype=torch.int32)
+    rebuilt = schedule_for(spec, other, other, 80, 80, (16, 16), False, torch.device("cpu"))
+    assert rebuilt is not first and not torch.equal(rebuilt.counts, first.counts)
+    cu[1] = 80  # an in-place edit bumps the version: the cached schedule is not reused
+    assert torch.equal(schedule_for(spec, cu, cu, 80, 80, (16, 16), False, torch.device("cpu")).counts, rebuilt.counts)
