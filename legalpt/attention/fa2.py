@@ -23,8 +23,9 @@ DTYPES = (torch.bfloat16, torch.float16)
 def check(q: Tensor) -> None:
     """ValueError naming what keeps the fa2 kernels from running on these inputs (called before any launch).
 
-    While torch.compile traces, only the inputs are checked: the machine checks (compute capability, sources,
-    nvcc) read files, which would break the graph; the op checks them again when it runs.
+    Outside torch.compile this also builds (or loads) the kernels for the head dim, so that a failed build is
+    reported here, and `auto` can fall back, rather than inside the op. While torch.compile traces, only the inputs
+    are checked: the machine checks read files, which would break the graph; the op checks them when it runs.
     """
     if q.device.type != "cuda":
         raise ValueError(f"backend: fa2 cannot run here: it needs a CUDA device and the inputs are on {q.device.type}")
@@ -32,9 +33,15 @@ def check(q: Tensor) -> None:
         raise ValueError(f"q: the fa2 backend supports bfloat16 and float16, got {q.dtype}")
     if kernels.padded_head_dim(q.shape[-1]) is None:
         raise ValueError(f"q: the fa2 backend supports head_dim <= {kernels.HEAD_DIMS[-1]}, got {q.shape[-1]}")
-    reason = None if torch.compiler.is_compiling() else kernels.unavailable_reason(q.device)
+    if torch.compiler.is_compiling():
+        return
+    reason = kernels.unavailable_reason(q.device)
     if reason is not None:
         raise ValueError(f"backend: fa2 cannot run here: {reason}")
+    try:
+        kernels.fa2(kernels.padded_head_dim(q.shape[-1]))
+    except RuntimeError as error:
+        raise ValueError(f"backend: fa2 cannot run here: {error}") from error
 
 
 def forward(

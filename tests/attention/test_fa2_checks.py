@@ -1,0 +1,56 @@
+"""Where fa2 cannot run, the error says why before any launch, and `auto` falls back to the reference (CPU tests:
+the CUDA inputs are stand-ins that carry only what the checks read)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from legalpt.attention import api, fa2, kernels
+
+
+def cuda_input(dtype=torch.bfloat16, head_dim=64) -> SimpleNamespace:
+    return SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype, shape=(2, 16, 4, head_dim))
+
+
+@pytest.fixture
+def capable_machine(monkeypatch):
+    """A machine that passes every check before the build: sm90, sources and nvcc present."""
+    monkeypatch.setattr(kernels, "unavailable_reason", lambda device: None)
+    monkeypatch.setattr(kernels, "_loaded", {})
+    monkeypatch.setattr(kernels, "_build_errors", {})
+    monkeypatch.setattr(api, "_auto_reasons_logged", set())
+
+
+def test_an_old_gpu_is_named_with_its_compute_capability(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Tesla T4")
+    with pytest.raises(ValueError, match=r"^backend: fa2 cannot run here: .*>= 8\.0.*Tesla T4 has 7\.5"):
+        fa2.check(cuda_input())
+
+
+def test_a_failed_build_is_a_clear_error_and_auto_falls_back_once(capable_machine, monkeypatch, caplog):
+    builds = []
+
+    def failing_build(head_dim):
+        builds.append(head_dim)
+        raise OSError("nvcc fatal: unsupported gpu architecture")
+
+    monkeypatch.setattr(kernels, "_build", failing_build)
+    with pytest.raises(ValueError, match=r"^backend: fa2 cannot run here: fa2: building .* head_dim 64 failed.*nvcc"):
+        fa2.check(cuda_input(head_dim=50))  # padded to 64
+    with caplog.at_level(logging.INFO, logger="legalpt.attention.api"):
+        assert [api._auto(cuda_input()) for _ in range(3)] == ["reference"] * 3
+    assert builds == [64]  # a failed build is remembered, not retried on every call
+    fallbacks = [r.getMessage() for r in caplog.records if "running the reference" in r.getMessage()]
+    assert len(fallbacks) == 1 and "unsupported gpu architecture" in fallbacks[0]
+
+
+def test_auto_runs_fa2_where_it_builds(capable_machine, monkeypatch):
+    monkeypatch.setattr(kernels, "_build", lambda head_dim: SimpleNamespace(head_dim=head_dim))
+    assert api._auto(cuda_input()) == "fa2"
+    assert api._auto(cuda_input(dtype=torch.float32)) == "reference"
+    assert api._auto(cuda_input(head_dim=320)) == "reference"
