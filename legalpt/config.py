@@ -65,10 +65,33 @@ class DedupConfig:
 
 
 @dataclass
+class SourceConfig:
+    """One source of documents: a dataset read through `datasets.load_dataset` (a hub id, a local dataset folder, or
+    a builder such as "json" with `data_files`), or local files read by legalpt's own readers (`paths`)."""
+
+    name: str | None = None  # hub id ("harvard-lil/cold-cases"), local dataset folder, or builder ("json", "parquet")
+    config: str | None = None  # configuration (subset) of the dataset, e.g. "sample-10BT"; None = its default
+    data_files: list[str] = field(default_factory=list)  # files of `name` to read (globs; hub files as hf://...)
+    split: str = "train"  # split to read
+    paths: list[str] = field(default_factory=list)  # instead of `name`: files, folders or globs, as in data.paths
+    text_field: str = "text"  # field of the text; a dotted path through lists ("opinions.opinion_text") joins them
+    id_field: str | None = None  # field of the document id; None = "<source>:<record number>"
+    meta_fields: list[str] = field(default_factory=list)  # fields of a dataset record kept in the document's meta
+    distinct_field: str | None = None  # a record repeating an earlier one's value here is skipped (QA repeats)
+    kind: str | None = None  # contract | opinion | statute | other for every document; None = guessed per document
+    weight: float = 1.0  # share of this source's characters in the mixture (normalized over all sources)
+    streaming: bool = False  # load_dataset(streaming=True): records are fetched only as far as the mixture needs
+    max_documents: int = 0  # documents taken from this source at most; 0 = all
+
+
+@dataclass
 class DataConfig:
     """Where documents come from and how they become packed rows of token ids."""
 
-    paths: list[str] = field(default_factory=list)  # files, folders or globs; empty = the built-in demo corpus
+    paths: list[str] = field(default_factory=list)  # files, folders or globs; empty (and no sources) = the demo corpus
+    # Named sources, mixed by weight with `paths` (the source "files", weight 1); a dict so that presets compose and
+    # the command line reaches one by name: data.sources.replay.weight=0.05
+    sources: dict[str, SourceConfig] = field(default_factory=dict)
     text_field: str = "text"  # field holding the document text in .jsonl/.json/.parquet records
     synthetic_documents: int = 160  # number of demo documents generated when `paths` is empty
     seed: int = 0  # seed of the demo corpus and of the train/held-out split
@@ -76,8 +99,17 @@ class DataConfig:
     seq_len: int = 512  # tokens per packed row
     tokenizer: str | None = None  # HF folder or hub id; None = model.pretrained's tokenizer, else train a BPE
     vocab_size: int = 8192  # size of the byte-level BPE trained on the corpus
+    extend_tokenizer: bool = False  # add legal tokens (reporter abbreviations, frequent corpus words) to the tokenizer
+    extra_tokens: int = 1024  # most tokens extend_tokenizer adds: reporters first, then words, by tokens saved
+    compare_tokenizers: list[str] = field(default_factory=list)  # more HF tokenizers whose tokens/byte the report lists
+    bos: bool = False  # start every document with the tokenizer's bos token (its first token then gets a loss too)
+    eos: bool = True  # end every document with eos (what the model learns to stop on)
+    chunk_overlap: int = 0  # tokens of a document split across rows repeated as (loss-free) context in its next row
+    output_dir: str | None = None  # folder of packed rows, report.json, lengths.png; None = <cache_dir>/packed/<key>
     cache_dir: str = "~/.cache/legalpt"  # trained tokenizers and packed datasets are cached here
     num_proc: int = 1  # worker processes for cleaning, dedup signatures and tokenization
+    streaming: bool = False  # train on `paths` read, cleaned, tokenized and packed on the fly (no dedup, flat memory)
+    stream_heldout_rows: int = 64  # streaming: held-out rows taken from the start of the held-out stream for eval
     clean: CleanConfig = field(default_factory=CleanConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
 

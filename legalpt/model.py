@@ -1,7 +1,8 @@
 """The Hugging Face model a run trains: a new decoder built from `ModelConfig`, or a pretrained checkpoint.
 
 Either way the model runs `cfg.attn_implementation` (by default legalpt attention, see `legalpt.hf`) on the
-backend `cfg.attention_backend`, and stays a standard transformers model that `save_pretrained` exports.
+backend `cfg.attention_backend`, and stays a standard transformers model that `save_pretrained` exports. A checkpoint
+whose tokenizer was extended with new tokens gets an embedding row (and LM-head row) for each (`extend_embeddings`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ ARCHS = ("llama", "mistral", "qwen2")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
-    """A causal LM: `cfg.pretrained` loaded, or a new `cfg.arch` decoder sized by `cfg` and `tokenizer`."""
+def build_model(
+    cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, base_tokenizer: PreTrainedTokenizerBase | None = None
+) -> PreTrainedModel:
+    """A causal LM: `cfg.pretrained` loaded, or a new `cfg.arch` decoder sized by `cfg` and `tokenizer`.
+
+    `base_tokenizer` is the checkpoint's tokenizer when `tokenizer` extends it: the loaded model then gets rows for
+    the added tokens (a new model is built with the full vocabulary anyway)."""
     if cfg.dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}; got {cfg.dtype!r}")
     config = None if cfg.pretrained else hf_config(cfg, tokenizer)
@@ -28,12 +34,38 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrai
     if config is not None:
         return AutoModelForCausalLM.from_config(config, **options)
     model = AutoModelForCausalLM.from_pretrained(cfg.pretrained, **options)
+    if base_tokenizer is not None:
+        extend_embeddings(model, base_tokenizer, tokenizer)
     embedded = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > embedded:
         raise ValueError(
             f"tokenizer has {len(tokenizer)} tokens but model.pretrained={cfg.pretrained!r} embeds only {embedded}"
         )
     return model
+
+
+@torch.no_grad()
+def extend_embeddings(
+    model: PreTrainedModel, old_tokenizer: PreTrainedTokenizerBase, new_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Give `model`, trained with `old_tokenizer`, rows for the tokens `new_tokenizer` appends to it: each new input
+    embedding (and LM-head row, when not tied) is the mean of the rows of the pieces `old_tokenizer` splits the new
+    token's text into, so the model starts from what it already read for that text."""
+    old_vocab, new_vocab = old_tokenizer.get_vocab(), new_tokenizer.get_vocab()
+    if any(new_vocab.get(token) != i for token, i in old_vocab.items()):
+        raise ValueError("new_tokenizer: expected the tokens of old_tokenizer, with their ids, and tokens added after")
+    new_ids = sorted(i for i in new_vocab.values() if i >= len(old_tokenizer))  # (n_new,)
+    pieces = [old_tokenizer(new_tokenizer.decode([i]), add_special_tokens=False)["input_ids"] for i in new_ids]
+    if len(new_tokenizer) > model.get_input_embeddings().num_embeddings:
+        # mean_resizing=False: the rows are set below; the mean of all rows would be computed for nothing.
+        model.resize_token_embeddings(len(new_tokenizer), mean_resizing=False)
+    tables = [model.get_input_embeddings().weight]
+    output = model.get_output_embeddings()
+    if output is not None and output.weight is not tables[0]:
+        tables.append(output.weight)
+    for table in tables:  # (vocab, hidden)
+        for i, ids in zip(new_ids, pieces, strict=True):
+            table[i] = table[ids].float().mean(0).to(table.dtype)
 
 
 def hf_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedConfig:

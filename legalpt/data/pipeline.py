@@ -2,8 +2,9 @@
 packed rows.
 
 `prepare(cfg.data, cfg.model.pretrained)` is what `legalpt-prepare` and the trainer call. The packed rows of both
-splits are cached under `<cache_dir>/packed/<key>/`, the key covering the corpus content, the tokenizer, seq_len, the
-split and the packing code, so a second run loads the documents, fingerprints them and memory-maps the rows.
+splits are cached under `<cache_dir>/packed/<key>/` (or written to `data.output_dir`, which remembers its key), the key
+covering the corpus content, the tokenizer, seq_len, the packing options, the split and the packing code, so a second
+run loads the documents, fingerprints them and memory-maps the rows.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from legalpt.data.clean import clean_documents
 from legalpt.data.dedup import deduplicate
 from legalpt.data.pack import PackStats, pack_dataset
 from legalpt.data.sources import SkipReport, corpus_fingerprint, count_characters, load_documents
-from legalpt.data.tokenizer import check_vocab_size, get_tokenizer
+from legalpt.data.tokenizer import check_vocab_size, compare_tokenizers, extend_tokenizer, get_tokenizer, load_tokenizer
 
 SPLITS = ("train", "heldout")
 _TOKEN_FEATURES = datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))})
@@ -37,14 +38,19 @@ _TOKEN_FEATURES = datasets.Features({"input_ids": datasets.List(datasets.Value("
 
 @dataclass
 class PreparedData:
-    """Packed rows of both splits (columns input_ids, seq_lens, num_pad), their tokenizer, and what happened."""
+    """Packed rows of both splits (columns input_ids, seq_lens, context_lens, num_pad), their tokenizer, and what
+    happened."""
 
     train: datasets.Dataset
     heldout: datasets.Dataset
     tokenizer: PreTrainedTokenizerFast
     # skipped: SkipReport; train, heldout: PackStats.to_dict(); seq_len; tokenizer (its name or path); vocab_size;
-    # rows_dir (where the rows are); cached (rows loaded, not built); seconds (per phase)
+    # added_tokens (extend_tokenizer's strings, or None); tokens_per_byte; rows_dir (where the rows are); cached (rows
+    # loaded, not built); seconds (per phase)
     stats: dict[str, Any]
+    # `tokenizer` before data.extend_tokenizer added legal tokens (None when it did not): the ids a pretrained
+    # model's embeddings know, from which legalpt.model.extend_embeddings initializes the new rows
+    base_tokenizer: PreTrainedTokenizerFast | None = None
 
 
 @dataclass
@@ -65,7 +71,8 @@ def split_corpus(cfg: DataConfig) -> Corpus:
     by training (`prepare`) and evaluation."""
     documents, skipped = load_documents(cfg)
     if documents.num_rows == 0:
-        raise ValueError(f"data.paths: no document could be loaded from {list(cfg.paths)} ({skipped})")
+        where = f"data.paths {list(cfg.paths)}" + (f" and data.sources {list(cfg.sources)}" if cfg.sources else "")
+        raise ValueError(f"{where}: no document could be loaded ({skipped})")
     loaded, characters = documents.num_rows, count_characters(documents)
     documents, cleaning = clean_documents(documents, cfg.clean, cfg.num_proc)
     documents, dedup = deduplicate(documents, cfg.dedup, cfg.num_proc)
@@ -76,6 +83,7 @@ def split_corpus(cfg: DataConfig) -> Corpus:
 def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
     """Load, split, tokenize and pack the documents of `cfg`; `pretrained` names the model whose tokenizer to use."""
     _check(cfg, pretrained)
+    others = {name: load_tokenizer(name) for name in cfg.compare_tokenizers}  # loaded first: a bad name fails early
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
     corpus = split_corpus(cfg)
@@ -84,14 +92,20 @@ def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
     seconds["load"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    tokenizer = get_tokenizer(cfg, documents_by_split["train"], pretrained)
+    base = tokenizer = get_tokenizer(cfg, documents_by_split["train"], pretrained)
+    added = None
+    if cfg.extend_tokenizer:
+        tokenizer, added = extend_tokenizer(base, documents_by_split["train"], cfg.extra_tokens, cfg.cache_dir)
+    if cfg.bos and tokenizer.bos_token_id is None:
+        raise ValueError(f"data.bos: tokenizer {tokenizer.name_or_path!r} has no bos token to start documents with")
+    tokens_per_byte = _tokens_per_byte(base, tokenizer, others, documents_by_split)
     seconds["tokenizer"] = time.perf_counter() - clock
 
     key = _cache_key(documents, tokenizer, cfg)
-    folder = Path(cfg.cache_dir).expanduser() / "packed" / key
-    cached = folder.exists()
+    folder = Path(cfg.output_dir or Path(cfg.cache_dir) / "packed" / key).expanduser()
+    cached = _holds(folder, key)
     if not cached:
-        _build(folder, documents_by_split, tokenizer, cfg, seconds)
+        _build(folder, key, documents_by_split, tokenizer, cfg, seconds)
     rows = {split: datasets.load_from_disk(str(folder / split)) for split in SPLITS}
     saved = json.loads((folder / "stats.json").read_text())
     pack_stats = {split: PackStats(**saved[split]).to_dict() for split in SPLITS}
@@ -103,12 +117,20 @@ def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
         "seq_len": cfg.seq_len,
         "tokenizer": tokenizer.name_or_path,
         "vocab_size": len(tokenizer),
+        "added_tokens": added,
+        "tokens_per_byte": tokens_per_byte,
         "rows_dir": str(folder),
         "cached": cached,
         "seconds": seconds,
     }
     write_report(folder / "report.json", stats, corpus.loaded, corpus.characters)
-    return PreparedData(train=rows["train"], heldout=rows["heldout"], tokenizer=tokenizer, stats=stats)
+    return PreparedData(
+        train=rows["train"],
+        heldout=rows["heldout"],
+        tokenizer=tokenizer,
+        stats=stats,
+        base_tokenizer=base if tokenizer is not base else None,
+    )
 
 
 def write_report(path: Path, stats: dict[str, Any], loaded: int, characters: int) -> dict[str, Any]:
@@ -130,6 +152,9 @@ def write_report(path: Path, stats: dict[str, Any], loaded: int, characters: int
         "splits": {split: stats[split] for split in SPLITS},
         "seq_len": stats["seq_len"],
         "tokenizer": stats["tokenizer"],
+        "vocab_size": stats["vocab_size"],
+        "added_tokens": stats["added_tokens"],
+        "tokens_per_byte": stats["tokens_per_byte"],
         "cached": stats["cached"],
         "seconds": stats["seconds"],
         "mb_per_s": characters / 1e6 / seconds if seconds else None,
@@ -168,6 +193,15 @@ def format_stats(stats: dict[str, Any]) -> str:
             f"({split['padding_pct']:.2f}% padding), longest document {split['longest_document']:,} tokens"
         )
     lines.append(f"tokenizer  {stats['tokenizer'] or 'trained BPE'} ({stats['vocab_size']:,} tokens)")
+    if added := stats["added_tokens"]:
+        lines.append(
+            f"           +{len(added['reporters'])} reporter abbreviations, +{len(added['terms'])} legal terms"
+        )
+    measured = stats["tokens_per_byte"]
+    lines.append(
+        f"tokens/B   on {measured['text']} text: "
+        + ", ".join(f"{name} {value:.4f}" for name, value in measured["tokenizers"].items())
+    )
     lines.append(f"rows       {stats['rows_dir']}{' (from cache)' if stats['cached'] else ''}")
     lines.append(f"report     {stats['rows_dir']}/report.json, lengths.png")
     lines.append("seconds    " + ", ".join(f"{phase} {s:.2f}" for phase, s in stats["seconds"].items()))
@@ -175,6 +209,11 @@ def format_stats(stats: dict[str, Any]) -> str:
 
 
 def _check(cfg: DataConfig, pretrained: str | None) -> None:
+    if cfg.streaming:  # legalpt-prepare would otherwise quietly run the in-memory pipeline
+        raise ValueError(
+            "data.streaming: streaming packs rows on the fly during training and writes none to prepare; "
+            "run legalpt-train data.streaming=true, or prepare with data.streaming=false"
+        )
     if cfg.seq_len < 2:
         raise ValueError(f"data.seq_len: expected at least 2 tokens per row, got {cfg.seq_len}")
     if not 0 <= cfg.heldout_fraction < 1:
@@ -183,13 +222,50 @@ def _check(cfg: DataConfig, pretrained: str | None) -> None:
         raise ValueError(f"data.num_proc: expected at least 1 process, got {cfg.num_proc}")
     if not (cfg.tokenizer or pretrained):
         check_vocab_size(cfg.vocab_size)
+    if cfg.extend_tokenizer and cfg.extra_tokens < 1:
+        raise ValueError(f"data.extra_tokens: expected at least 1 token to add, got {cfg.extra_tokens}")
+    if not 0 <= cfg.chunk_overlap < cfg.seq_len:
+        raise ValueError(f"data.chunk_overlap: expected 0 <= chunk_overlap < seq_len = {cfg.seq_len}, "
+                         f"got {cfg.chunk_overlap}")  # fmt: skip
+    if cfg.output_dir:
+        folder = Path(cfg.output_dir).expanduser()
+        if folder.exists() and not (_holds(folder) or _is_empty_dir(folder)):
+            raise ValueError(f"data.output_dir: {str(folder)!r} exists and is not a legalpt-prepare output; "
+                             "expected a new or empty folder, or one an earlier prepare wrote")  # fmt: skip
+
+
+def _holds(folder: Path, key: str | None = None) -> bool:
+    """Whether `folder` holds packed rows written by `_build` (with this cache key, when one is given)."""
+    try:
+        saved = json.loads((folder / "stats.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return key is None or saved.get("key") == key
+
+
+def _is_empty_dir(folder: Path) -> bool:
+    return folder.is_dir() and not any(folder.iterdir())
+
+
+def _tokens_per_byte(
+    base: PreTrainedTokenizerFast,
+    tokenizer: PreTrainedTokenizerFast,
+    others: dict[str, PreTrainedTokenizerFast],
+    documents_by_split: dict[str, datasets.Dataset],
+) -> dict[str, Any]:
+    """Tokens per byte of held-out text (train text when there is none) under the base tokenizer, the extended one,
+    and the `others` (data.compare_tokenizers)."""
+    text = "heldout" if documents_by_split["heldout"].num_rows else "train"
+    named = {"base": base, **({"extended": tokenizer} if tokenizer is not base else {}), **others}
+    return {"text": text, "tokenizers": compare_tokenizers(named, documents_by_split[text])}
 
 
 def _cache_key(documents: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, cfg: DataConfig) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps([corpus_fingerprint(documents), cfg.seq_len, cfg.seed, cfg.heldout_fraction]).encode())
+    digest.update(json.dumps([cfg.bos, cfg.eos, cfg.chunk_overlap]).encode())
     digest.update(tokenizer.backend_tokenizer.to_str().encode())
-    digest.update(f"{tokenizer.eos_token_id}-{tokenizer.pad_token_id}".encode())
+    digest.update(f"{tokenizer.bos_token_id}-{tokenizer.eos_token_id}-{tokenizer.pad_token_id}".encode())
     # The code that makes the rows is part of their identity: change the packing, and old rows are not reused.
     digest.update(Path(pack.__file__).read_bytes() + Path(__file__).read_bytes())
     return digest.hexdigest()[:16]
@@ -197,19 +273,21 @@ def _cache_key(documents: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, 
 
 def _build(
     folder: Path,
+    key: str,
     documents_by_split: dict[str, datasets.Dataset],
     tokenizer: PreTrainedTokenizerFast,
     cfg: DataConfig,
     seconds: dict[str, float],
 ) -> None:
-    """Tokenize and pack both splits into `folder`, built aside and renamed into place so it is never half written."""
+    """Tokenize and pack both splits into `folder`, built aside and renamed into place so it is never half written;
+    what `folder` held before (rows of other settings, in a data.output_dir) is replaced."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f"{folder.name}.partial-") as tmp:
         work, out = Path(tmp) / "work", Path(tmp) / "out"
         work.mkdir()
         clock = time.perf_counter()
         tokenized = {
-            split: _tokenize(docs, tokenizer, cfg.num_proc, work / f"{split}-tokens.arrow", f"{folder.name}-{split}")
+            split: _tokenize(docs, tokenizer, cfg.num_proc, work / f"{split}-tokens.arrow", f"{key}-{split}")
             for split, docs in documents_by_split.items()
         }
         seconds["tokenize"] = time.perf_counter() - clock
@@ -220,12 +298,22 @@ def _build(
         pack_stats = {}
         for split, ids in tokenized.items():
             rows, pack_stats[split] = pack_dataset(
-                ids, cfg.seq_len, tokenizer.eos_token_id, tokenizer.pad_token_id, str(work)
+                ids,
+                cfg.seq_len,
+                tokenizer.eos_token_id if cfg.eos else None,
+                tokenizer.pad_token_id,
+                str(work),
+                bos_id=tokenizer.bos_token_id if cfg.bos else None,
+                overlap=cfg.chunk_overlap,
             )
             # An empty dataset must be written as one (empty) shard: with none, load_from_disk() fails.
             rows.save_to_disk(str(out / split), num_shards=None if rows.num_rows else 1)
-        (out / "stats.json").write_text(json.dumps({split: asdict(s) for split, s in pack_stats.items()}))
+        (out / "stats.json").write_text(
+            json.dumps({"key": key, **{split: asdict(s) for split, s in pack_stats.items()}})
+        )
         seconds["pack"] = time.perf_counter() - clock
+        if folder.exists() and not _holds(folder, key):
+            folder.rename(Path(tmp) / "replaced")  # removed with the temporary folder
         try:
             out.rename(folder)
         except OSError:
@@ -265,20 +353,21 @@ def _tokenize(
     if documents.num_rows == 0:  # map() skips an empty dataset, and would return it without the input_ids column
         return datasets.Dataset.from_dict({"input_ids": []}, features=_TOKEN_FEATURES)
     return documents.map(
-        _encode,
+        encode_batch,
         batched=True,
         batch_size=64,
         num_proc=num_proc if num_proc > 1 else None,
         remove_columns=documents.column_names,
         features=_TOKEN_FEATURES,
-        fn_kwargs={"backend": copy.deepcopy(tokenizer.backend_tokenizer)},  # a copy: _encode changes a setting
+        fn_kwargs={"backend": copy.deepcopy(tokenizer.backend_tokenizer)},  # a copy: encode_batch changes a setting
         cache_file_name=str(cache_file),
         new_fingerprint=fingerprint,
         desc="tokenizing",
     )
 
 
-def _encode(batch: dict[str, list], backend: Tokenizer) -> dict[str, list]:
+def encode_batch(batch: dict[str, list], backend: Tokenizer) -> dict[str, list]:
+    """Token ids of a batch of texts ({"text": [...]} -> {"input_ids": [...]}), without special tokens added."""
     # The Rust tokenizer alone (what the transformers wrapper calls), told to read special-token strings as plain
     # text: an "<|endoftext|>" written in a document must not end it. The wrapper's own split_special_tokens does
     # the same at half the speed. Set on every call, because the setting does not survive pickling into workers.

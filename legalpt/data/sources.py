@@ -1,17 +1,21 @@
-"""Document sources: files, folders and globs of legal text, or the built-in demo corpus, as one `datasets.Dataset`.
+"""Document sources: files, folders and globs of legal text, datasets read through `datasets.load_dataset` (hub or
+local, streamed or not), or the built-in demo corpus, as one `datasets.Dataset`.
 
-Every document becomes a record `{id, text, source, kind, meta}`: `source` is the file it came from ("synthetic" for
-the demo corpus), `kind` is "contract", "opinion" or "other", and `meta` is a JSON string (Arrow needs one schema,
-and every format carries different metadata). Formats: .txt (one document per file), .jsonl/.json (records with a
-text field), .csv and .parquet (a text column), .html/.htm (markup to text, footnotes moved to the end: see
-`html_text`), .pdf (the text of all pages) and .docx (paragraphs and table cells, in order), each also compressed as
-.gz or .zst (`x.jsonl.gz`: decompressed by the outer extension, read by the inner one). Caselaw Access Project case
-JSON is recognised by its structure wherever a record is expected: one document per case, its head matter followed
-by each opinion. Text is UTF-8, else Windows-1252 when that decodes to printable text.
+Every document becomes a record `{id, text, source, kind, meta}`: `source` is the file it came from (the source's
+name for a dataset, "synthetic" for the demo corpus), `kind` is one of `KINDS` (a source's configured kind, else
+`guess_kind`), and `meta` is a JSON string (Arrow needs one schema, and every format carries different metadata).
+File formats: .txt (one document per file), .jsonl/.json (records with a text field), .csv and .parquet (a text
+column), .html/.htm (markup to text, footnotes moved to the end: see `html_text`), .pdf (the text of all pages) and
+.docx (paragraphs and table cells, in order), each also compressed as .gz or .zst (`x.jsonl.gz`: decompressed by the
+outer extension, read by the inner one). Caselaw Access Project case JSON is recognised by its structure wherever a
+record is expected: one document per case, its head matter followed by each opinion. Text is UTF-8, else
+Windows-1252 when that decodes to printable text. Dataset records become documents through their source's field
+mapping (`SourceConfig`: text, id and meta fields); several sources are interleaved by weight
+(`legalpt.data.mixture`).
 
 Nothing is dropped silently: what cannot become a document (an empty, binary, undecodable, unreadable or corrupt
-file, a line over `MAX_LINE_BYTES`, a record without its text field, ...) is counted by reason, with example
-locations, in a `SkipReport`, and loading goes on with the next record or file.
+file, a line over `MAX_LINE_BYTES`, a record without its text field, a record the mixture had no room for, ...) is
+counted by reason, with example locations, in a `SkipReport`, and loading goes on with the next record or file.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ import glob
 import gzip
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
 import zipfile
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -41,18 +46,20 @@ import zstandard
 from docx.opc.exceptions import PackageNotFoundError
 from lxml import etree
 
-from legalpt.config import DataConfig
+from legalpt.config import DataConfig, SourceConfig
+from legalpt.data import mixture
+from legalpt.data.mixture import interleave, normalize_weights
 
 FEATURES = datasets.Features({name: datasets.Value("string") for name in ("id", "text", "source", "kind", "meta")})
 # What the readers could not turn into a document travels in the same Arrow table as a row with a non-empty `skip`
 # reason, so that a load served from the datasets cache still reports every skip.
 _READ_FEATURES = datasets.Features({**FEATURES, "skip": datasets.Value("string")})
 _GLOB_CHARS = re.compile(r"[*?\[]")
-_CONTRACT_WORDS = re.compile(r"\b(agreement|contract|lease|licen[cs]e|amendment|exhibit)\b", re.IGNORECASE)
-_OPINION_WORDS = re.compile(r"\b(court|opinion|appellants?|appellees?|petitioners?|respondents?|j\.)\b", re.IGNORECASE)
 # A line longer than this in .txt/.jsonl/.csv is skipped ("line too long") without being held in memory: such a line
 # is a broken export, not a document, and reading it would cost memory in proportion to its length.
 MAX_LINE_BYTES = 32 * 2**20
+FILES = "files"  # the name of the source that data.paths makes
+_MISSING = object()  # a field absent from a record (None is a present, empty value)
 
 
 @dataclass
@@ -86,24 +93,192 @@ def count_characters(documents: datasets.Dataset) -> int:
 
 
 def load_documents(cfg: DataConfig) -> tuple[datasets.Dataset, SkipReport]:
-    """The documents of `cfg.paths` (or the demo corpus when it is empty), and what was skipped on the way."""
-    if not cfg.paths:
+    """The documents of `cfg.paths` and `cfg.sources`, mixed by weight (`legalpt.data.mixture`), or the demo corpus
+    when both are empty; and what was skipped on the way."""
+    sources = data_sources(cfg)
+    if not sources:
         return _demo_corpus(cfg.synthetic_documents, cfg.seed), SkipReport()
-    files = find_files(cfg.paths)
-    stamps = [(path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in files]
-    # The cache key covers every file's identity and this module's code, so an edited file or reader reloads.
+    first, *others = sources.values()
+    if not others and first.paths and not (first.kind or first.max_documents):  # plain files: nothing to mix
+        return _separate_skips(_read_paths(first.paths, first.text_field, cfg))
+    inputs = {name: _open_source(name, source, cfg) for name, source in sources.items()}
+    # Streamed sources are identified by their configuration alone: their content is not known before reading.
+    identities = [None if sources[name].streaming else data._fingerprint for name, data in inputs.items()]
     key = hashlib.sha256(
-        json.dumps([stamps, cfg.text_field, MAX_LINE_BYTES]).encode() + Path(__file__).read_bytes()
+        json.dumps([{n: asdict(s) for n, s in sources.items()}, identities], default=str).encode()
+        + Path(__file__).read_bytes()
+        + Path(mixture.__file__).read_bytes()
     ).hexdigest()
     read = datasets.Dataset.from_generator(
-        _read_files,
+        _mixed_rows,
         features=_READ_FEATURES,
         cache_dir=str(Path(cfg.cache_dir).expanduser() / "documents"),
-        gen_kwargs={"files": files, "text_field": cfg.text_field, "max_line_bytes": MAX_LINE_BYTES},
-        num_proc=min(cfg.num_proc, len(files)) if cfg.num_proc > 1 else None,
+        gen_kwargs={"sources": sources, "inputs": inputs},
         fingerprint=key[:32],
     )
     return _separate_skips(read)
+
+
+def data_sources(cfg: DataConfig) -> dict[str, SourceConfig]:
+    """The sources of `cfg`, checked: `paths` as the source "files" (weight 1), then `sources`, in order."""
+    if not isinstance(cfg.sources, Mapping):
+        raise TypeError(f"data.sources: expected a mapping of name to source, got {type(cfg.sources).__name__}")
+    sources = {}
+    if cfg.paths:
+        if FILES in cfg.sources:
+            raise ValueError(f"data.sources.{FILES}: the name {FILES!r} is taken by data.paths; choose another")
+        sources[FILES] = SourceConfig(paths=list(cfg.paths), text_field=cfg.text_field)
+    sources.update(cfg.sources)
+    for name, source in sources.items():
+        _check_source(name, source)
+    if sources:
+        normalize_weights([source.weight for source in sources.values()], [f"data.sources.{n}" for n in sources])
+    return sources
+
+
+def _check_source(name: str, source: SourceConfig) -> None:
+    where = f"data.sources.{name}"
+    if not isinstance(source, SourceConfig):
+        raise TypeError(f"{where}: expected a SourceConfig, got {type(source).__name__}")
+    if bool(source.name) == bool(source.paths):
+        raise ValueError(
+            f"{where}: expected either a dataset `name` or local `paths`, got {source.name=}, {source.paths=}"
+        )
+    dataset_only = {
+        "config": source.config,
+        "data_files": source.data_files,
+        "id_field": source.id_field,
+        "meta_fields": source.meta_fields,
+        "distinct_field": source.distinct_field,
+        "streaming": source.streaming,
+    }
+    if source.paths and any(dataset_only.values()):
+        used = [field for field, value in dataset_only.items() if value]
+        raise ValueError(f"{where}: {', '.join(used)} apply to a dataset `name`, not to local `paths`")
+    if source.kind is not None and source.kind not in KINDS:
+        raise ValueError(f"{where}.kind: expected one of {', '.join(KINDS)} or None, got {source.kind!r}")
+    if not isinstance(source.max_documents, int) or source.max_documents < 0:
+        raise ValueError(f"{where}.max_documents: expected a count >= 0 (0 = all), got {source.max_documents!r}")
+    if not source.text_field:
+        raise ValueError(f"{where}.text_field: expected a field name, got {source.text_field!r}")
+
+
+def _read_paths(paths: Sequence[str], text_field: str, cfg: DataConfig) -> datasets.Dataset:
+    """The files `paths` name, read into a cached dataset with the `_READ_FEATURES` columns (skips as rows)."""
+    files = find_files(paths)
+    stamps = [(path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in files]
+    # The cache key covers every file's identity and this module's code, so an edited file or reader reloads.
+    key = hashlib.sha256(
+        json.dumps([stamps, text_field, MAX_LINE_BYTES]).encode() + Path(__file__).read_bytes()
+    ).hexdigest()
+    return datasets.Dataset.from_generator(
+        read_files,
+        features=_READ_FEATURES,
+        cache_dir=str(Path(cfg.cache_dir).expanduser() / "documents"),
+        gen_kwargs={"files": files, "text_field": text_field, "max_line_bytes": MAX_LINE_BYTES},
+        num_proc=min(cfg.num_proc, len(files)) if cfg.num_proc > 1 else None,
+        fingerprint=key[:32],
+    )
+
+
+def _open_source(name: str, source: SourceConfig, cfg: DataConfig) -> datasets.Dataset | datasets.IterableDataset:
+    """The records of one source: its files read by legalpt's readers, or its dataset through `load_dataset`."""
+    if source.paths:
+        return _read_paths(source.paths, source.text_field, cfg)
+    try:
+        return datasets.load_dataset(
+            source.name,
+            source.config,
+            data_files=list(source.data_files) or None,
+            split=source.split,
+            streaming=source.streaming,
+        )
+    except (FileNotFoundError, ConnectionError, ValueError) as error:  # DatasetNotFoundError is a FileNotFoundError
+        raise ValueError(
+            f"data.sources.{name}: cannot load {source.name!r} (config {source.config!r}, split "
+            f"{source.split!r}): {error}"
+        ) from error
+
+
+def _mixed_rows(
+    sources: dict[str, SourceConfig], inputs: dict[str, datasets.Dataset | datasets.IterableDataset]
+) -> Iterator[dict[str, str]]:
+    """The rows of every source, interleaved by weight; then what the mixture left of the sources read whole, as
+    skips, so that nothing read goes uncounted (a streamed source is read only as far as the mixture needs)."""
+    streams = [_source_rows(name, sources[name], data) for name, data in inputs.items()]
+    weights = [source.weight for source in sources.values()]
+    for _, row in interleave(streams, weights, size=lambda row: 0 if row["skip"] else len(row["text"])):
+        yield row
+    for stream, source in zip(streams, sources.values(), strict=True):
+        if not source.streaming:
+            for row in stream:
+                yield row if row["skip"] else _skip("beyond mixture share", row["id"])
+
+
+def _source_rows(
+    name: str, source: SourceConfig, data: datasets.Dataset | datasets.IterableDataset
+) -> Iterator[dict[str, str]]:
+    """One source's rows (`_READ_FEATURES`), at most `max_documents` documents; skip rows pass through."""
+    seen: set[str] = set()  # values of distinct_field met so far
+    taken = 0
+    for number, record in enumerate(_records(data)):
+        if source.paths:
+            row = {**record, "kind": source.kind} if source.kind and not record["skip"] else record
+        else:
+            row = _from_dataset_record(record, name, number, source, seen)
+        yield row
+        taken += not row["skip"]
+        if taken == source.max_documents > 0:
+            return
+
+
+def _records(data: datasets.Dataset | datasets.IterableDataset) -> Iterator[dict[str, Any]]:
+    if isinstance(data, datasets.IterableDataset):
+        yield from data
+    else:  # Arrow batches to Python rows: several times faster than indexing row by row
+        for batch in data.with_format("arrow").iter(batch_size=1024):
+            yield from batch.to_pylist()
+
+
+def _from_dataset_record(
+    record: dict[str, Any], name: str, number: int, source: SourceConfig, seen: set[str]
+) -> dict[str, str]:
+    """A dataset record as a document row, through the source's field mapping; or a skip row saying why not."""
+    where = f"{name}:{number}"
+    text = _lookup(record, source.text_field)
+    if text is _MISSING:
+        return _skip("missing text field", where)
+    if isinstance(text, list):  # a dotted path through a list: the parts of one document, in order
+        if not all(part is None or isinstance(part, str) for part in text):
+            return _skip("text not a string", where)
+        text = "\n\n".join(part for part in text if part and part.strip())
+    if text is None:
+        return _skip("empty text", where)
+    if not isinstance(text, str):
+        return _skip("text not a string", where)
+    if source.distinct_field:
+        value = json.dumps(_lookup(record, source.distinct_field), default=str)
+        if value in seen:
+            return _skip("repeated record", where)
+        seen.add(value)
+    doc_id = _lookup(record, source.id_field) if source.id_field else None
+    doc_id = where if doc_id is _MISSING or doc_id is None else str(doc_id)
+    meta = {field: record[field] for field in source.meta_fields if field in record}
+    kind = source.kind or guess_kind(text)
+    return _document(text, doc_id=doc_id, source=name, kind=kind, meta=meta, where=where)
+
+
+def _lookup(record: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path ("opinions.opinion_text"); through a list, the list of its items' values."""
+    value: Any = record
+    for key in path.split("."):
+        if isinstance(value, list):
+            value = [item[key] for item in value if isinstance(item, dict) and key in item]
+        elif isinstance(value, dict) and key in value:
+            value = value[key]
+        else:
+            return _MISSING
+    return value
 
 
 def find_files(paths: Sequence[str]) -> list[str]:
@@ -175,7 +350,8 @@ def _separate_skips(read: datasets.Dataset) -> tuple[datasets.Dataset, SkipRepor
     return documents.remove_columns("skip"), report
 
 
-def _read_files(files: list[str], text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
+def read_files(files: list[str], text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
+    """The records of every file in order (the generator behind the datasets built from local files)."""
     for path in files:
         yield from _read_file(path, text_field, max_line_bytes)
 
@@ -225,7 +401,7 @@ def _read_txt(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int)
     if text is None:
         yield _skip("undecodable bytes", path)
         return
-    yield _document(text, doc_id=path, source=path, kind=_guess_kind(Path(path).name, text), meta={}, where=path)
+    yield _document(text, doc_id=path, source=path, kind=guess_kind(text, Path(path).name), meta={}, where=path)
 
 
 def _read_json(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
@@ -329,9 +505,8 @@ def _read_html(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int
         return
     title = root.findtext(".//title")
     text = html_text(root)
-    kind = "opinion" if _guess_kind(Path(path).name, text) == "opinion" else "other"
     meta = {"title": title.strip()} if title and title.strip() else {}
-    yield _document(text, doc_id=path, source=path, kind=kind, meta=meta, where=path)
+    yield _document(text, doc_id=path, source=path, kind=guess_kind(text, Path(path).name), meta=meta, where=path)
 
 
 def _read_pdf(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
@@ -349,7 +524,7 @@ def _read_pdf(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int)
         yield _skip("pdf without text", path)  # a scan without a text layer: OCR is out of scope
         return
     meta = {"pages": len(reader.pages)}
-    yield _document(text, doc_id=path, source=path, kind=_guess_kind(Path(path).name, text), meta=meta, where=path)
+    yield _document(text, doc_id=path, source=path, kind=guess_kind(text, Path(path).name), meta=meta, where=path)
 
 
 def _read_docx(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
@@ -363,7 +538,7 @@ def _read_docx(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int
     text = "\n".join(blocks)
     title = document.core_properties.title
     meta = {"title": title} if title else {}
-    yield _document(text, doc_id=path, source=path, kind=_guess_kind(Path(path).name, text), meta=meta, where=path)
+    yield _document(text, doc_id=path, source=path, kind=guess_kind(text, Path(path).name), meta=meta, where=path)
 
 
 def _docx_block(block: docx.text.paragraph.Paragraph | docx.table.Table) -> str:
@@ -517,7 +692,7 @@ def _from_record(record: Any, where: str, path: str, text_field: str) -> dict[st
     doc_id = str(record["id"]) if record.get("id") is not None else where
     kind = record.get("kind")
     if not isinstance(kind, str) or not kind:
-        kind = _guess_kind(Path(path).name, text)
+        kind = guess_kind(text, Path(path).name)
     meta = {key: value for key, value in record.items() if key not in (text_field, "id", "kind")}
     return _document(text, doc_id=doc_id, source=path, kind=kind, meta=meta, where=where)
 
@@ -562,9 +737,88 @@ def _skip(reason: str, where: str) -> dict[str, str]:
     return {"id": where, "text": "", "source": where, "kind": "", "meta": "{}", "skip": reason}
 
 
-def _guess_kind(name: str, text: str) -> str:
-    head = f"{name}\n{text[:2000]}"
-    contract, opinion = len(_CONTRACT_WORDS.findall(head)), len(_OPINION_WORDS.findall(head))
-    if contract == opinion:
-        return "other"
-    return "contract" if contract > opinion else "opinion"
+def guess_kind(text: str, name: str = "") -> str:
+    """ "contract", "opinion", "statute" or "other": the kind whose typical phrases weigh most in the text's first
+    `_KIND_CHARS` characters (and in the file `name`), when that weight is clear; else "other".
+
+    Each cue counts at most `_CUE_CAP` times, so one phrase repeated down a page cannot outvote the rest; a kind wins
+    with at least `_KIND_MIN_SCORE` and `_KIND_MARGIN` times the runner-up. Opinions cite statutes and contracts
+    quote courts, hence the margin.
+    """
+    head = text[:_KIND_CHARS]
+    scores = {kind: _KIND_NAME_SCORE * bool(pattern.search(name)) for kind, pattern in _KIND_NAMES.items()}
+    for kind, cues in _KIND_CUES.items():
+        scores[kind] += sum(weight * _count(cue, head) for cue, weight in cues)
+    best, runner_up = sorted(scores, key=scores.get, reverse=True)[:2]
+    if scores[best] >= _KIND_MIN_SCORE and scores[best] >= _KIND_MARGIN * scores[runner_up]:
+        return best
+    return "other"
+
+
+def _count(cue: re.Pattern, text: str) -> int:
+    """Matches of `cue` in `text`, up to `_CUE_CAP` (the scan stops there)."""
+    return sum(1 for _ in itertools.islice(cue.finditer(text), _CUE_CAP))
+
+
+KINDS = ("contract", "opinion", "statute", "other")
+_KIND_CHARS = 6_000
+_CUE_CAP = 3
+_KIND_MIN_SCORE = 6
+_KIND_MARGIN = 1.5
+_KIND_NAME_SCORE = 4
+_M = re.MULTILINE
+_KIND_NAMES = {
+    "contract": re.compile(r"agreement|contract|lease|licen[cs]e|amendment", re.IGNORECASE),
+    "opinion": re.compile(r"opinion|\bv\.? ", re.IGNORECASE),
+    "statute": re.compile(r"statute|u\.?s\.?c|code|regulation|\bact\b", re.IGNORECASE),
+}
+# (pattern, weight): phrases that mark each kind; case matters where the capitalised form is the signal.
+_KIND_CUES: dict[str, list[tuple[re.Pattern, float]]] = {
+    "contract": [
+        (re.compile(r"\b[A-Z ]*AGREEMENT\b"), 2),
+        (re.compile(r"\bWHEREAS\b"), 3),
+        (re.compile(r"\bNOW,? THEREFORE\b", re.IGNORECASE), 3),
+        (re.compile(r"IN WITNESS WHEREOF", re.IGNORECASE), 3),
+        (re.compile(r"\b(this|the) Agreement\b"), 2),
+        (re.compile(r"\b(agreement|contract)\b", re.IGNORECASE), 1),
+        (re.compile(r"\b(agreement|contract) (is )?(made |entered into )?(by and )?between\b", re.IGNORECASE), 3),
+        (re.compile(r"\b(hereby )?agrees? (to|that)\b|\bParty [A-Z]\b"), 1),
+        (re.compile(r"\bhereinafter\b", re.IGNORECASE), 1),
+        (re.compile(r"\b(hereto|hereunder|hereof|hereby)\b"), 1),
+        (re.compile(r"\bthe [Pp]arties\b"), 1),
+        (re.compile(r"\((the |this )?[\"\u201c][A-Z][\w .-]*[\"\u201d]\)"), 2),  # defined terms: (the "Licensee")
+        (re.compile(r"\bEffective Date\b"), 2),
+        (re.compile(r"\b(Licensee|Licensor|Lessee|Lessor|Distributor|Supplier|Buyer|Seller|Customer|Vendor)\b"), 1),
+        (re.compile(r"\b(terminat|indemnif|warrant)\w*", re.IGNORECASE), 1),
+        (re.compile(r"^\s*(By|Name|Title):", _M), 2),  # signature blocks
+    ],
+    "opinion": [
+        (re.compile(r"(^|\s)v\.(\s|$)", _M), 3),  # the caption: Smith v. Jones
+        (re.compile(r"\bOPINION\b"), 2),
+        (re.compile(r"\bPER CURIAM\b", re.IGNORECASE), 3),
+        (re.compile(r"delivered the opinion", re.IGNORECASE), 3),
+        (re.compile(r"\b(Chief Justice|Justice|Judge|Circuit Judge)\b|, (C\. )?J\.[,:\s]"), 1),
+        (re.compile(r"\b(affirm|revers|remand|vacat)(ed|e|es)\b", re.IGNORECASE), 1),
+        (re.compile(r"\b(Appellants?|Appellees?|Petitioners?|Respondents?|Plaintiffs?|Defendants?)\b"), 1),
+        (re.compile(r"\b[Ww]e (hold|conclude|affirm|reverse|agree|disagree|decline)\b"), 2),
+        (re.compile(r"\b(Court of Appeals|Supreme Court|District Court|Circuit)\b", re.IGNORECASE), 1),
+        (
+            re.compile(
+                r"\b\d+ (U\.S\.|S\. ?Ct\.|L\. ?Ed\.|F\.( ?Supp\.)?|N\.[EW]\.|S\.[EW]\.|So\.|P\.)( ?[234]d| ?4th)? \d+"
+            ),
+            1,
+        ),
+        (re.compile(r"\b(dissent|concurr|certiorari)\w*", re.IGNORECASE), 1),
+    ],
+    "statute": [
+        (re.compile(r"\u00a7"), 1),
+        (re.compile(r"\b(U\.S\.C\.|C\.F\.R\.|Stat\.)"), 1),
+        (re.compile(r"\bBe it enacted\b", re.IGNORECASE), 4),
+        (re.compile(r"\b(Pub\. ?L\.|Public Law)\b"), 2),
+        (re.compile(r"\b(enacted|amended|repealed)\b"), 1),
+        (re.compile(r"^\s*(\u00a7+ ?\d|Sec(tion|\.) \d)", _M), 2),  # section headings at line starts
+        (re.compile(r"\bthis (title|chapter|subchapter|part|Act|Code)\b"), 2),
+        (re.compile(r"\b(subsection|subparagraph|paragraph|clause) \(\w+\)"), 2),
+        (re.compile(r"^\s*(CHAPTER|TITLE|PART|SUBCHAPTER) [\dIVXLC]+\b", _M), 2),
+    ],
+}

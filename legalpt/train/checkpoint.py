@@ -2,6 +2,7 @@
 
 Layout of a run folder:
     checkpoints/step_000100/   accelerate `save_state` (model, optimizer, scheduler, RNG) + trainer_state.json
+                               (+ data_state_rank<r>.json: each rank's position in a data stream, when streaming)
     hf/                        `save_pretrained` model + tokenizer: a standard HF folder anyone can load
 """
 
@@ -42,10 +43,15 @@ def resolve_resume(resume: str, run_dir: Path) -> Path | None:
     return path
 
 
-def save_checkpoint(accelerator: Accelerator, run_dir: Path, step: int, tokens: int, keep: int) -> Path:
-    """Save a resumable state for `step`, then drop all but the newest `keep` (>= 1) checkpoints."""
+def save_checkpoint(
+    accelerator: Accelerator, run_dir: Path, step: int, tokens: int, keep: int, data_state: dict | None = None
+) -> Path:
+    """Save a resumable state for `step` (with this rank's `data_state`, a stream's `state_dict()`, if given), then
+    drop all but the newest `keep` (>= 1) checkpoints."""
     path = checkpoint_root(run_dir) / f"step_{step:06d}"
     accelerator.save_state(str(path))
+    if data_state is not None:
+        data_state_file(path, accelerator.process_index).write_text(json.dumps(data_state))
     accelerator.wait_for_everyone()  # every rank's files are on disk before the checkpoint is marked complete
     if accelerator.is_main_process:
         # Written last: a checkpoint without this file was interrupted and is never resumed from.
@@ -61,6 +67,18 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> tuple[int, int]:
     accelerator.load_state(str(path))
     state = json.loads((path / STATE_FILE).read_text())
     return state["step"], state["tokens"]
+
+
+def data_state_file(path: Path, rank: int) -> Path:
+    return path / f"data_state_rank{rank}.json"
+
+
+def load_data_state(path: Path, rank: int) -> dict:
+    """The data-stream position rank `rank` saved in the checkpoint at `path`."""
+    file = data_state_file(path, rank)
+    if not file.is_file():
+        raise FileNotFoundError(f"train.resume: {path} holds no data stream position for rank {rank} (expected {file})")
+    return json.loads(file.read_text())
 
 
 def export_model(accelerator: Accelerator, model, tokenizer, run_dir: Path) -> Path:

@@ -24,9 +24,10 @@ from tqdm.auto import tqdm
 from legalpt.config import Config, TrainConfig, to_config
 from legalpt.data.pack import IGNORE_INDEX, collate_packed
 from legalpt.data.pipeline import format_stats, prepare
+from legalpt.data.stream import format_stream_stats, prepare_stream, stream_batches
 from legalpt.eval.perplexity import heldout_loss
 from legalpt.model import build_model, count_parameters
-from legalpt.train.checkpoint import export_model, load_checkpoint, resolve_resume, save_checkpoint
+from legalpt.train.checkpoint import export_model, load_checkpoint, load_data_state, resolve_resume, save_checkpoint
 from legalpt.train.optim import build_optimizer, build_scheduler
 from legalpt.train.tracking import MetricsLog, log_on_main_process_only, start_tracking, tracker_name
 
@@ -176,12 +177,19 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     tc = cfg.train
     set_seed(tc.seed)
 
+    streaming = cfg.data.streaming
     with accelerator.main_process_first():
-        data = prepare(cfg.data, cfg.model.pretrained)
-    log.info("data\n%s", format_stats(data.stats))
+        if streaming:
+            rank, world = accelerator.process_index, accelerator.num_processes
+            data = prepare_stream(cfg.data, cfg.model.pretrained, rank, world)
+        else:
+            data = prepare(cfg.data, cfg.model.pretrained)
+    log.info("data\n%s", format_stream_stats(data.stats) if streaming else format_stats(data.stats))
     # On the device before the optimizer exists, so AdamW can choose its fused kernel; train mode, since
-    # from_pretrained returns a model in eval mode.
-    model = build_model(cfg.model, data.tokenizer).to(accelerator.device).train()
+    # from_pretrained returns a model in eval mode. A checkpoint whose tokenizer data.extend_tokenizer extended gets
+    # embedding rows for the added tokens (streaming does not extend).
+    base_tokenizer = None if streaming else data.base_tokenizer
+    model = build_model(cfg.model, data.tokenizer, base_tokenizer).to(accelerator.device).train()
     log.info("model: %s, %.1fM parameters", cfg.model.pretrained or cfg.model.arch, count_parameters(model) / 1e6)
 
     optimizer = build_optimizer(model, tc)
@@ -192,6 +200,8 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     step, tokens = 0, 0
     if (resume_from := resolve_resume(tc.resume, run_dir)) is not None:
         step, tokens = load_checkpoint(accelerator, resume_from)
+        if streaming:  # the stream continues after the last batch of that step
+            data.train.load_state_dict(load_data_state(resume_from, accelerator.process_index))
         log.info("resumed from %s at step %d", resume_from, step)
 
     wandb_dir = start_tracking(
@@ -213,7 +223,10 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
         result.eval_losses.append((step, report["loss"]))
         log.info("step %d: eval loss %.4f, perplexity %.2f", step, report["loss"], report["perplexity"])
 
-    batches = micro_batches(data.train, tc, accelerator, skip=step * tc.grad_accum)
+    if streaming:
+        batches = stream_batches(data.train, tc.batch_size, accelerator.device)
+    else:
+        batches = micro_batches(data.train, tc, accelerator, skip=step * tc.grad_accum)
     if step == 0:
         evaluate()
     bar = tqdm(total=tc.steps, initial=step, desc="train", disable=not accelerator.is_local_main_process)
@@ -242,7 +255,8 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
         if step % tc.eval_every == 0 or step == tc.steps:
             evaluate()
         if step % tc.save_every == 0 or step == tc.steps:
-            result.checkpoint = save_checkpoint(accelerator, run_dir, step, tokens, tc.keep_checkpoints)
+            data_state = data.train.state_dict() if streaming else None
+            result.checkpoint = save_checkpoint(accelerator, run_dir, step, tokens, tc.keep_checkpoints, data_state)
         window_start += time.perf_counter() - paused  # tokens/s measures training, not evaluation and saving
     bar.close()
 

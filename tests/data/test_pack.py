@@ -78,8 +78,8 @@ def test_rows_that_fill_exactly_have_no_padding():
     assert [row["num_pad"] for row in rows] == [0, 0, 0]
     rows = list(pack_documents([[5, 6], [7, 8, 9]], 4, EOS, PAD))
     assert rows == [
-        {"input_ids": [5, 6, EOS, 7], "seq_lens": [3, 1], "num_pad": 0},
-        {"input_ids": [8, 9, EOS, PAD], "seq_lens": [3, 1], "num_pad": 1},
+        {"input_ids": [5, 6, EOS, 7], "seq_lens": [3, 1], "context_lens": [0, 0], "num_pad": 0},
+        {"input_ids": [8, 9, EOS, PAD], "seq_lens": [3, 1], "context_lens": [0, 0], "num_pad": 1},
     ]
     assert list(pack_documents([], 4, EOS, PAD)) == []
     with pytest.raises(ValueError, match="seq_len"):

@@ -125,6 +125,7 @@ def test_single_document_has_an_empty_heldout_split(tmp_path):
         ({"heldout_fraction": -0.1}, "heldout_fraction"),
         ({"num_proc": 0}, "num_proc"),
         ({"vocab_size": 100}, "vocab_size"),
+        ({"streaming": True}, "streaming"),  # legalpt-prepare has nothing to write for a streamed corpus
     ],
 )
 def test_bad_config_fails_before_loading(tmp_path, override, key):
