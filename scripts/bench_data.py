@@ -15,14 +15,24 @@ and each one's median time counts; MB are 10^6 bytes of UTF-8 document text. The
 
     python scripts/bench_data.py                      # ~20 MB of demo documents, num_proc = CPU count
     python scripts/bench_data.py --mb 0.2 --repeats 1 # smoke test
+
+--streaming-memory measures instead the peak memory of streaming prepare (`legalpt.data.stream.PackedStream`: read,
+clean, tokenize, pack every row once) over inputs of each --sizes-mb: .jsonl shards of demo documents repeated with
+varied ids, written under the system's temporary folder and deleted after. Each size runs in a fresh process, whose
+peak resident set size (ru_maxrss) is the figure; memory is flat when the largest peak is within 1.2x of the smallest.
+The result is stored under "streaming_memory" in the same data-<yyyymmdd>.json, next to what is there already.
+
+    python scripts/bench_data.py --streaming-memory --sizes-mb 1000 4000  # the issue's 1 GB and 4 GB
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
+import resource
 import shlex
 import shutil
 import statistics
@@ -46,6 +56,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from legalpt.config import CleanConfig, DataConfig, DedupConfig
 from legalpt.data.pipeline import prepare
 from legalpt.data.sources import load_documents
+from legalpt.data.stream import PackedStream, stream_records
 from legalpt.data.synthetic import generate_documents
 from legalpt.data.tokenizer import train_bpe
 from legalpt.provenance import commit
@@ -53,6 +64,7 @@ from legalpt.provenance import commit
 ROOT = Path(__file__).resolve().parent.parent
 MB = 10**6
 TARGETS = {"ours_full": 1.5, "ours_tok_pack": 1.0}  # most allowed time of each, as a multiple of the baseline's
+FLAT_MEMORY = 1.2  # most allowed peak memory of streaming prepare, as a multiple of the smallest input's
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,7 +79,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokenizer-mb", type=float, default=2.0, help="MB of text the BPE is trained on")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each variant (the median counts)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder of the JSON record")
+    parser.add_argument("--streaming-memory", action="store_true", help="peak memory of streaming prepare instead")
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1000.0, 4000.0], help="inputs, streaming")
     args = parser.parse_args(argv)
+    if min(args.sizes_mb) <= 0:
+        parser.error(f"--sizes-mb must all be > 0; got {args.sizes_mb}")
     for name in ("mb", "tokenizer_mb"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0; got {getattr(args, name)}")
@@ -243,9 +259,86 @@ def table(rows: list[dict], mb: float) -> str:
     return "\n".join(lines)
 
 
+def write_repeated(texts: list[str], mb: float, folder: Path, shards: int) -> tuple[list[str], int, int]:
+    """`texts` over and over as records {id, text} in `shards` .jsonl files until `mb` MB of document text; each copy
+    gets its own id and first line. Returns the files, and the documents and bytes of text written."""
+    folder.mkdir(parents=True)
+    files = [folder / f"stream-{shard:02d}.jsonl" for shard in range(shards)]
+    documents, size = 0, 0
+    outs = [path.open("w") for path in files]
+    try:
+        while size < mb * MB:
+            text = f"Document {documents}.\n{texts[documents % len(texts)]}"
+            outs[documents % shards].write(json.dumps({"id": f"doc-{documents}", "text": text}) + "\n")
+            documents, size = documents + 1, size + len(text.encode())
+    finally:
+        for out in outs:
+            out.close()
+    return [str(path) for path in files], documents, size
+
+
+def stream_once(files: list[str], tokenizer_dir: str, seq_len: int, results: multiprocessing.Queue) -> None:
+    """In a fresh process: every row of streaming prepare (read, clean, tokenize, pack) over `files`, then this
+    process's peak resident memory, and what it was once the libraries were imported."""
+    imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux → MiB
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    stream = PackedStream(stream_records(DataConfig(paths=files)), tokenizer, seq_len, clean=CleanConfig(), epochs=1)
+    clock = time.perf_counter()
+    for _ in stream:
+        pass
+    results.put(
+        {
+            **stream.state_dict()["counts"],
+            "skipped": stream.skipped.total,
+            "seconds": round(time.perf_counter() - clock, 2),
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "rss_after_imports_mib": round(imported, 1),
+        }
+    )
+
+
+def streaming_memory(args: argparse.Namespace, argv: list[str] | None) -> dict:
+    """Peak memory of streaming prepare over each input size, every size in a fresh process."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_stream-") as tmp:
+        scratch = Path(tmp)
+        texts = demo_texts(args.tokenizer_mb, args.seed)  # the distinct documents that are repeated
+        save_tokenizer(texts, args.vocab_size, args.tokenizer_mb, scratch / "tokenizer")
+        spawn = multiprocessing.get_context("spawn")  # a new interpreter: its peak memory is this run's alone
+        for mb in args.sizes_mb:
+            folder = scratch / f"input-{mb:g}"
+            files, documents, raw_bytes = write_repeated(texts, mb, folder, args.shards)
+            results = spawn.Queue()
+            child = spawn.Process(target=stream_once, args=(files, str(scratch / "tokenizer"), args.seq_len, results))
+            child.start()
+            child.join()
+            if child.exitcode != 0:
+                raise RuntimeError(f"streaming prepare of {mb:g} MB failed in its process (exit code {child.exitcode})")
+            row = results.get()
+            shutil.rmtree(folder)
+            row = {"mb": mb, "raw_bytes": raw_bytes, "files": len(files), "input_documents": documents, **row}
+            row["mb_per_s"] = round(raw_bytes / MB / row["seconds"], 3)
+            rows.append(row)
+            print(f"{mb:g} MB: peak {row['peak_rss_mib']:.0f} MiB, {row['seconds']:.0f} s", flush=True)
+    peaks = [row["peak_rss_mib"] for row in rows]
+    corpus = {"source": "demo, repeated with varied ids", "distinct_documents": len(texts)}
+    return {
+        "header": header(args, argv, corpus),
+        "rows": rows,
+        "peak_ratio": round(max(peaks) / min(peaks), 3),
+        "target_ratio": FLAT_MEMORY,
+        "met": max(peaks) <= FLAT_MEMORY * min(peaks),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     datasets.disable_progress_bars()
+    if args.streaming_memory:
+        result = streaming_memory(args, argv)
+        path = update_record(args.out, {"streaming_memory": result})
+        print(f"wrote {path}: peak memory ratio {result['peak_ratio']} (target <= {FLAT_MEMORY}, met: {result['met']})")
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench_data-") as tmp:
         scratch = Path(tmp)
         texts = local_texts(args.paths, scratch / "read") if args.paths else demo_texts(args.mb, args.seed)
@@ -257,12 +350,19 @@ def main(argv: list[str] | None = None) -> int:
         corpus = {"source": "paths" if args.paths else "demo", "documents": len(texts), "raw_bytes": raw_bytes}
         record = {"header": header(args, argv, {**corpus, "files": len(files)}), "rows": []}
         record["rows"] = measure(files, scratch / "tokenizer", scratch, args, raw_bytes)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"data-{datetime.now(timezone.utc):%Y%m%d}.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    path = update_record(args.out, record)
     print(f"wrote {path}")
     print(table(record["rows"], raw_bytes / MB))
     return 0
+
+
+def update_record(out: Path, parts: dict) -> Path:
+    """Write `parts` into the day's record in `out`, keeping what the other mode measured there."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"data-{datetime.now(timezone.utc):%Y%m%d}.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps(record | parts, indent=2) + "\n")
+    return path
 
 
 if __name__ == "__main__":

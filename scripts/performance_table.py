@@ -80,7 +80,28 @@ def data_preparation() -> list[str]:
                 f"{row['over_baseline']:.2f}× | {target} |"
             )
         lines.append("")
+        if "streaming_memory" in record:
+            lines += _streaming_memory(record["streaming_memory"], path.name)
     return lines
+
+
+def _streaming_memory(part: dict, name: str) -> list[str]:
+    """Peak memory of streaming prepare as the input grows (the `streaming_memory` part of a data record)."""
+    h = part["header"]
+    lines = [
+        f"Streaming prepare, peak memory (a fresh process per size): commit {h['commit']}, {h['date'][:10]}, "
+        f"seq_len {h['settings']['seq_len']}. Command: `{h['command']}` (`{name}`). Largest over smallest peak: "
+        f"{part['peak_ratio']:.3f}× (target ≤ {part['target_ratio']}×).",
+        "",
+        "| input MB | documents | rows | seconds | MB/s | peak RSS MiB | RSS after imports MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in part["rows"]:
+        lines.append(
+            f"| {row['mb']:,.0f} | {row['documents']:,} | {row['rows']:,} | {row['seconds']:.0f} | "
+            f"{row['mb_per_s']:.2f} | {row['peak_rss_mib']:.1f} | {row['rss_after_imports_mib']:.1f} |"
+        )
+    return [*lines, ""]
 
 
 def attention() -> list[str]:
