@@ -205,20 +205,42 @@ class PackedStream(torch.utils.data.IterableDataset):
                 first = False
 
 
+def skip_reason(record: dict) -> str:
+    """Why a record cannot become a document ("" when it can)."""
+    return record.get("skip") or ("" if isinstance(record.get("text"), str) else "missing text field")
+
+
 def document_text(
     record: dict, split: str, clean: CleanConfig, heldout_fraction: float, seed: int
 ) -> tuple[str | None, str]:
     """(cleaned text, "") for a document of `split`; (None, reason) for a record to count as skipped (in the train
     split only, so that each is counted once); (None, "") for a document of the other split."""
-    reason, text = record.get("skip") or "", record.get("text")
-    if not reason and not isinstance(text, str):
-        reason = "missing text field"
+    reason, text = skip_reason(record), record.get("text")
     if reason:
         return None, reason if split == "train" else ""
     if in_heldout(text, heldout_fraction, seed) != (split == "heldout"):
         return None, ""
     cleaned = clean_text(text, clean)
     return (cleaned, "") if cleaned else (None, "emptied by cleaning")
+
+
+def heldout_records(cfg: DataConfig, limit: int = 0) -> tuple[list[dict], SkipReport]:
+    """The held-out documents `{id, text, kind}` of a streamed corpus by the streaming rule (`in_heldout`), cleaned
+    as training cleans them, in stream order, at most `limit` (0 = all); and what could not become a document.
+
+    What `legalpt-eval` scores for a `data.streaming` run: `pipeline.split_corpus` splits differently, and its
+    held-out documents could have been trained on."""
+    documents, skipped = [], SkipReport()
+    for record in stream_records(cfg):
+        text, reason = document_text(record, "heldout", cfg.clean, cfg.heldout_fraction, cfg.seed)
+        reason = reason or skip_reason(record)  # document_text counts a bad record in the train split only
+        if reason:
+            skipped.add(reason, record.get("id") or "")
+        if text is not None:
+            documents.append({"id": record["id"], "text": text, "kind": record["kind"]})
+            if limit and len(documents) >= limit:
+                break
+    return documents, skipped
 
 
 def _with_states(records: datasets.IterableDataset, start: dict | None) -> Iterator[tuple[dict | None, dict]]:

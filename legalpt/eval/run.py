@@ -21,6 +21,7 @@ from transformers import AutoTokenizer
 
 from legalpt.config import Config, DataConfig, EvalConfig, to_config
 from legalpt.data.pipeline import split_corpus
+from legalpt.data.stream import heldout_records
 from legalpt.eval import choice, citations
 from legalpt.eval.generate import generate, generate_with_stats
 from legalpt.eval.perplexity import document_perplexity
@@ -94,11 +95,14 @@ def default_output_dir(checkpoint: str) -> Path:
 def heldout_documents(cfg: DataConfig, max_documents: int) -> tuple[list[dict], dict]:
     """The held-out documents of the corpus, cleaned, deduplicated and split exactly as training split them; and what
     loading skipped."""
-    corpus = split_corpus(cfg)
-    heldout, skipped = corpus.splits["heldout"], corpus.skipped
-    if max_documents:
-        heldout = heldout.select(range(min(max_documents, heldout.num_rows)))
-    rows = [{"id": r["id"], "text": r["text"], "kind": r["kind"]} for r in heldout]
+    if cfg.streaming:  # a streamed run splits by a hash of each document (legalpt/data/stream.py)
+        rows, skipped = heldout_records(cfg, max_documents)
+    else:
+        corpus = split_corpus(cfg)
+        heldout, skipped = corpus.splits["heldout"], corpus.skipped
+        if max_documents:
+            heldout = heldout.select(range(min(max_documents, heldout.num_rows)))
+        rows = [{"id": r["id"], "text": r["text"], "kind": r["kind"]} for r in heldout]
     if not rows:
         raise ValueError("data: the held-out split is empty; use more documents or a larger data.heldout_fraction")
     return rows, {"documents": len(rows), "skipped": str(skipped)}

@@ -10,9 +10,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from legalpt.config import CleanConfig, DataConfig
+from legalpt.data.clean import clean_text
 from legalpt.data.pack import pack_documents
 from legalpt.data.stream import PackedStream, in_heldout, prepare_stream, stream_batches, stream_records
 from legalpt.data.tokenizer import train_bpe
+from legalpt.eval.run import heldout_documents
 
 WORDS = ["the", "court", "held", "that", "plaintiff", "agreement", "shall", "party", "lease", "notice", "breach",
          "appeal", "contract", "section"]  # fmt: skip
@@ -187,6 +189,17 @@ def test_heldout_split_is_disjoint_from_training(tmp_path, tokenizer, rng):
                 for split in ("train", "heldout")}  # fmt: skip
     assert splits == expected
     assert 0 < len(splits["heldout"]) < len(texts)
+
+
+def test_eval_of_a_streamed_run_scores_the_streaming_heldout_split(tmp_path, rng):
+    """legalpt-eval on a data.streaming config: the documents held out by the hash rule, never trained on."""
+    texts = write_corpus(tmp_path / "corpus", rng, files=2, per_file=30)
+    cfg = DataConfig(paths=[str(tmp_path / "corpus")], streaming=True, heldout_fraction=0.3, seed=rng.randrange(100))
+    documents, info = heldout_documents(cfg, max_documents=0)
+    expected = [t for t in texts if in_heldout(t, cfg.heldout_fraction, cfg.seed)]
+    assert [d["text"] for d in documents] == [clean_text(t, cfg.clean) for t in expected]
+    assert 0 < info["documents"] < len(texts) and "missing text field" in info["skipped"]
+    assert [d["text"] for d in heldout_documents(cfg, max_documents=2)[0]] == [d["text"] for d in documents[:2]]
 
 
 def test_bad_arguments_are_named(tmp_path, tokenizer, rng):
