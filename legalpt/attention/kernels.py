@@ -125,7 +125,10 @@ def build_all(head_dims: tuple[int, ...] = HEAD_DIMS, jobs: int | None = None) -
 
 def build_main() -> None:
     """`legalpt-build-kernels`: build the CUDA kernels ahead of time into the cache."""
-    parser = argparse.ArgumentParser(description=build_main.__doc__)
+    parser = argparse.ArgumentParser(
+        description=f"Build legalpt's CUDA attention kernels ahead of time into {cache_dir()} "
+        f"({CACHE_ENV}), for the compute capabilities in {ARCHS_ENV} (default 80;90)."
+    )
     parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS), choices=HEAD_DIMS)
     parser.add_argument("--jobs", type=int, default=None, help="parallel builds (default: one per head dim)")
     args = parser.parse_args()
