@@ -101,7 +101,7 @@ def load_documents(cfg: DataConfig) -> tuple[datasets.Dataset, SkipReport]:
     first, *others = sources.values()
     if not others and first.paths and not (first.kind or first.max_documents):  # plain files: nothing to mix
         return _separate_skips(_read_paths(first.paths, first.text_field, cfg))
-    inputs = {name: _open_source(name, source, cfg) for name, source in sources.items()}
+    inputs = {name: open_source(name, source, cfg) for name, source in sources.items()}
     # Streamed sources are identified by their configuration alone: their content is not known before reading.
     identities = [None if sources[name].streaming else data._fingerprint for name, data in inputs.items()]
     key = hashlib.sha256(
@@ -110,7 +110,7 @@ def load_documents(cfg: DataConfig) -> tuple[datasets.Dataset, SkipReport]:
         + Path(mixture.__file__).read_bytes()
     ).hexdigest()
     read = datasets.Dataset.from_generator(
-        _mixed_rows,
+        mixed_rows,
         features=_READ_FEATURES,
         cache_dir=str(Path(cfg.cache_dir).expanduser() / "documents"),
         gen_kwargs={"sources": sources, "inputs": inputs},
@@ -181,7 +181,7 @@ def _read_paths(paths: Sequence[str], text_field: str, cfg: DataConfig) -> datas
     )
 
 
-def _open_source(name: str, source: SourceConfig, cfg: DataConfig) -> datasets.Dataset | datasets.IterableDataset:
+def open_source(name: str, source: SourceConfig, cfg: DataConfig) -> datasets.Dataset | datasets.IterableDataset:
     """The records of one source: its files read by legalpt's readers, or its dataset through `load_dataset`."""
     if source.paths:
         return _read_paths(source.paths, source.text_field, cfg)
@@ -200,7 +200,7 @@ def _open_source(name: str, source: SourceConfig, cfg: DataConfig) -> datasets.D
         ) from error
 
 
-def _mixed_rows(
+def mixed_rows(
     sources: dict[str, SourceConfig], inputs: dict[str, datasets.Dataset | datasets.IterableDataset]
 ) -> Iterator[dict[str, str]]:
     """The rows of every source, interleaved by weight; then what the mixture left of the sources read whole, as

@@ -1,10 +1,11 @@
 """Streaming data: documents read lazily, cleaned, tokenized and packed on the fly, for corpora larger than memory.
 
 `stream_records(cfg)` is a `datasets.IterableDataset` of the records of `cfg.paths` (one shard per file, read by the
-same readers as `load_documents`), or of the demo corpus. `PackedStream` turns any such record stream (local files,
-or a hub dataset loaded with `streaming=True`) into rows of exactly `seq_len` tokens in the format of the in-memory
-pipeline (`pack.pack_documents` makes them), for one rank of a distributed job. `prepare_stream(cfg, ...)` is what
-the trainer calls when `data.streaming` is on.
+same readers as `load_documents`), of `cfg.paths` and `cfg.sources` mixed by weight exactly as the in-memory
+pipeline mixes them (one shard; each source read lazily), or of the demo corpus. `PackedStream` turns any such
+record stream (local files, or a hub dataset loaded with `streaming=True`) into rows of exactly `seq_len` tokens in
+the format of the in-memory pipeline (`pack.pack_documents` makes them), for one rank of a distributed job.
+`prepare_stream(cfg, ...)` is what the trainer calls when `data.streaming` is on.
 
 Memory stays flat as the input grows: one file is open at a time, `_BATCH_DOCUMENTS` documents are cleaned and
 tokenized together, and the packer holds at most one row and one document's tokens.
@@ -47,7 +48,17 @@ from legalpt.config import CleanConfig, DataConfig
 from legalpt.data.clean import clean_text
 from legalpt.data.pack import ROW_FEATURES, check_packing, collate_packed, pack_documents
 from legalpt.data.pipeline import encode_batch
-from legalpt.data.sources import FEATURES, MAX_LINE_BYTES, SkipReport, find_files, read_files
+from legalpt.data.sources import (
+    FEATURES,
+    FILES,
+    MAX_LINE_BYTES,
+    SkipReport,
+    data_sources,
+    find_files,
+    mixed_rows,
+    open_source,
+    read_files,
+)
 from legalpt.data.tokenizer import get_tokenizer
 
 SPLITS = ("train", "heldout")
@@ -57,15 +68,34 @@ _TOKENIZER_SAMPLE_BYTES = 20 * 10**6  # text of the first training documents a n
 
 
 def stream_records(cfg: DataConfig) -> datasets.IterableDataset:
-    """Records `{id, text, source, kind, meta, skip}` of `cfg.paths` (or the demo corpus), read lazily, one shard
-    per file."""
-    if not cfg.paths:
+    """Records `{id, text, source, kind, meta, skip}` of `cfg.paths` and `cfg.sources` (or the demo corpus), read
+    lazily: plain files one shard per file; several sources mixed by weight in one shard, in the order the
+    in-memory pipeline mixes them (`sources.mixed_rows`)."""
+    sources = data_sources(cfg)
+    if not sources:
         if cfg.synthetic_documents < 1:
             raise ValueError(f"data.synthetic_documents: expected at least 1 document, got {cfg.synthetic_documents}")
         kwargs = {"num_documents": cfg.synthetic_documents, "seed": cfg.seed}
         return datasets.IterableDataset.from_generator(_demo_records, features=RECORD_FEATURES, gen_kwargs=kwargs)
-    kwargs = {"files": find_files(cfg.paths), "text_field": cfg.text_field, "max_line_bytes": MAX_LINE_BYTES}
+    if list(sources) == [FILES] and not (sources[FILES].kind or sources[FILES].max_documents):
+        return _file_records(cfg.paths, cfg.text_field)
+    # One shard: resuming replays the (deterministic) mixture up to the saved record.
+    return datasets.IterableDataset.from_generator(_mixed_records, features=RECORD_FEATURES, gen_kwargs={"cfg": cfg})
+
+
+def _file_records(paths: list[str], text_field: str) -> datasets.IterableDataset:
+    kwargs = {"files": find_files(paths), "text_field": text_field, "max_line_bytes": MAX_LINE_BYTES}
     return datasets.IterableDataset.from_generator(read_files, features=RECORD_FEATURES, gen_kwargs=kwargs)
+
+
+def _mixed_records(cfg: DataConfig) -> Iterator[dict[str, str]]:
+    """The mixture of `cfg`'s sources, each read lazily: local files by legalpt's readers, datasets as configured."""
+    sources = data_sources(cfg)
+    inputs = {
+        name: _file_records(source.paths, source.text_field) if source.paths else open_source(name, source, cfg)
+        for name, source in sources.items()
+    }
+    yield from mixed_rows(sources, inputs)
 
 
 def in_heldout(text: str, fraction: float, seed: int) -> bool:
@@ -288,8 +318,6 @@ def prepare_stream(cfg: DataConfig, pretrained: str | None = None, rank: int = 0
     trained: the first `_TOKENIZER_SAMPLE_BYTES` of training text) and `cfg.stream_heldout_rows` held-out rows."""
     if cfg.stream_heldout_rows < 0:
         raise ValueError(f"data.stream_heldout_rows: expected at least 0 rows, got {cfg.stream_heldout_rows}")
-    if cfg.sources:
-        raise ValueError(f"data.sources: not read in streaming mode (only data.paths), got {sorted(cfg.sources)}")
     records = stream_records(cfg)
     common = {"clean": cfg.clean, "heldout_fraction": cfg.heldout_fraction, "seed": cfg.seed, "bos": cfg.bos,
               "eos": cfg.eos, "overlap": cfg.chunk_overlap}  # fmt: skip

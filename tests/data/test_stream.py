@@ -9,9 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from legalpt.config import CleanConfig, DataConfig
+from legalpt.config import CleanConfig, DataConfig, SourceConfig
 from legalpt.data.clean import clean_text
 from legalpt.data.pack import pack_documents
+from legalpt.data.sources import load_documents
 from legalpt.data.stream import PackedStream, in_heldout, prepare_stream, stream_batches, stream_records
 from legalpt.data.tokenizer import train_bpe
 from legalpt.eval.run import heldout_documents
@@ -189,6 +190,30 @@ def test_heldout_split_is_disjoint_from_training(tmp_path, tokenizer, rng):
                 for split in ("train", "heldout")}  # fmt: skip
     assert splits == expected
     assert 0 < len(splits["heldout"]) < len(texts)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_streamed_sources_mix_like_the_in_memory_pipeline_and_resume(tmp_path, tokenizer, rng, world_size):
+    write_corpus(tmp_path / "corpus", rng, files=2, per_file=12)
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text("".join(json.dumps({"body": random_text(rng, 40, 200)}) + "\n" for _ in range(10)))
+    source = SourceConfig(name="json", data_files=[str(extra)], text_field="body", kind="opinion", weight=0.5)
+    cfg = DataConfig(paths=[str(tmp_path / "corpus")], sources={"extra": source}, cache_dir=str(tmp_path / "cache"))
+    in_memory, _ = load_documents(cfg)
+    streamed = [record for record in stream_records(cfg) if not record["skip"]]
+    assert [(r["id"], r["text"], r["kind"]) for r in streamed] == list(
+        zip(in_memory["id"], in_memory["text"], in_memory["kind"], strict=True)
+    )
+    assert {r["source"] for r in streamed} == {"extra", str(tmp_path / "corpus" / "part 0.jsonl"),
+                                               str(tmp_path / "corpus" / "part 1.jsonl")}  # fmt: skip
+    for rank in range(world_size):
+        rows = list(PackedStream(stream_records(cfg), tokenizer, 32, rank=rank, world_size=world_size, epochs=1))
+        k = rng.randrange(1, len(rows))
+        first = PackedStream(stream_records(cfg), tokenizer, 32, rank=rank, world_size=world_size, epochs=1)
+        head = list(itertools.islice(iter(first), k))
+        resumed = PackedStream(stream_records(cfg), tokenizer, 32, rank=rank, world_size=world_size, epochs=1)
+        resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        assert head + list(resumed) == rows
 
 
 def test_eval_of_a_streamed_run_scores_the_streaming_heldout_split(tmp_path, rng):
