@@ -108,7 +108,7 @@ class DataConfig:
     output_dir: str | None = None  # folder of packed rows, report.json, lengths.png; None = <cache_dir>/packed/<key>
     cache_dir: str = "~/.cache/legalpt"  # trained tokenizers and packed datasets are cached here
     num_proc: int = 1  # worker processes for cleaning, dedup signatures and tokenization
-    streaming: bool = False  # train on `paths` read, cleaned, tokenized and packed on the fly (no dedup, flat memory)
+    streaming: bool = False  # train on paths and sources read, cleaned, tokenized, packed on the fly (no dedup)
     stream_heldout_rows: int = 64  # streaming: held-out rows taken from the start of the held-out stream for eval
     clean: CleanConfig = field(default_factory=CleanConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
