@@ -24,7 +24,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from legalpt.attention import fa2, flex, ops, sdpa
+from legalpt.attention import fa2, ops, sdpa
 from legalpt.attention.masks import Documents, MaskSpec
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,18 @@ def _run_sdpa(*args) -> tuple[Tensor, None]:
     return sdpa.attention(*args), None
 
 
+def _run_flex(*args) -> tuple[Tensor, Tensor]:
+    from legalpt.attention import flex  # FlexAttention's imports cost a quarter second: only when asked for
+
+    return flex.attention(*args)
+
+
 # name -> run(q, k, v, cu_q, cu_k, max_q, max_k, spec, scale, softcap, deterministic) -> (out, lse or None)
 _BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
     "reference": partial(ops.attention, backend="reference"),
     "fa2": partial(ops.attention, backend="fa2"),
     "sdpa": _run_sdpa,
-    "flex": flex.attention,
+    "flex": _run_flex,
 }
 _WITHOUT_LSE = {"sdpa"}  # backends that cannot serve return_attn_probs=True
 BACKENDS = ("auto", *_BACKENDS)

@@ -9,6 +9,8 @@ when deterministic) and converts it.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -57,9 +59,7 @@ def forward(
     softcap: float,
 ) -> tuple[Tensor, Tensor]:
     """out like q; logsumexp float32 (B, H, Sq) for a batch, (H, total_q) for a varlen batch."""
-    check(q)
-    head_dim = q.shape[-1]
-    ext = kernels.fa2(kernels.padded_head_dim(head_dim))
+    ext, head_dim = _extension(q), q.shape[-1]
     qk, kk, vk = (_kernel_layout(x, ext.head_dim) for x in (q, k, v))
     out = torch.empty_like(qk)
     lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
@@ -91,9 +91,7 @@ def backward(
     deterministic: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of `forward`."""
-    check(q)
-    head_dim = q.shape[-1]
-    ext = kernels.fa2(kernels.padded_head_dim(head_dim))
+    ext, head_dim = _extension(q), q.shape[-1]
     qk, kk, vk, dok = (_kernel_layout(x, ext.head_dim) for x in (q, k, v, dout))
     lse = lse.contiguous()
     delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
@@ -116,6 +114,12 @@ def backward(
 def _unpad(x: Tensor, head_dim: int) -> Tensor:
     """The first head_dim columns, contiguous as the custom ops promise (a copy only for padded head dims)."""
     return x if x.shape[-1] == head_dim else x[..., :head_dim].contiguous()
+
+
+def _extension(q: Tensor) -> ModuleType:
+    """The checked, built extension for q's head dim (zero-padded up to an instantiated one)."""
+    check(q)
+    return kernels.fa2(kernels.padded_head_dim(q.shape[-1]))
 
 
 def _last_contiguous(x: Tensor) -> Tensor:
