@@ -1,7 +1,12 @@
 // The element rule of DESIGN.md (legalpt/attention/masks.py states it in full), for the tiles a schedule marks
 // partial. Full tiles never call it; empty tiles are never visited.
+//
+// `row_mask` folds everything that depends only on the query row (its position, causal limit, window bounds,
+// whether it is a global token) into a few integers once per row, so that testing a key is two or three
+// comparisons; `visible` is the same rule for one (row, key) pair.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 namespace legalpt {
@@ -16,22 +21,43 @@ struct MaskParams {
   int layout_bq, layout_bk;  // block size of the layout
 };
 
+// What one query row may see, before the block layout: keys j in [lo, hi] that pass the dilation test, and every
+// key j < global_end. A row past the document sees nothing (hi < lo, global_end = 0).
+struct RowMask {
+  int lo, hi;          // the window, clipped to the document and the causal limit
+  int global_end;      // global keys the row sees: min(global_tokens, causal limit + 1)
+  int pos;             // the row's position on the key axis: i + (lk - lq)
+  bool dilated;        // the window keeps only keys at a multiple of dilation from pos (false for global rows)
+};
+
+__device__ __forceinline__ RowMask row_mask(const MaskParams& m, int i, int lq, int lk) {
+  const int pos = i + (lk - lq);
+  const int last = i < lq ? (m.causal ? min(pos, lk - 1) : lk - 1) : -1;  // no key past this one
+  const bool global_row = m.global_tokens > 0 && pos >= 0 && pos < m.global_tokens;
+  RowMask r;
+  r.pos = pos;
+  r.lo = global_row || m.left < 0 ? 0 : max(pos - m.left, 0);
+  r.hi = global_row || m.right < 0 ? last : min(pos + m.right, last);
+  r.global_end = min(m.global_tokens, last + 1);
+  r.dilated = m.dilation > 1 && !global_row;
+  return r;
+}
+
+// Key j against a row mask, without the block layout.
+__device__ __forceinline__ bool row_allows(const MaskParams& m, const RowMask& r, int j) {
+  const bool in_window = j >= r.lo && j <= r.hi && (!r.dilated || (r.pos - j) % m.dilation == 0);
+  return in_window || j < r.global_end;
+}
+
+// The block layout's verdict on (i, j); true when there is none.
+__device__ __forceinline__ bool layout_allows(const MaskParams& m, int i, int j, int b, int h) {
+  return m.layout == nullptr || m.layout[b * m.layout_stride_b + h * m.layout_stride_h +
+                                         (i / m.layout_bq) * m.layout_stride_q + j / m.layout_bk] != 0;
+}
+
 // May query i see key j of the same document (document lengths lq, lk; b = document, h = query head)?
 __device__ __forceinline__ bool visible(const MaskParams& m, int i, int j, int lq, int lk, int b, int h) {
-  if (i >= lq || j >= lk) return false;
-  const int ip = i + (lk - lq);
-  const int dist = ip - j;
-  bool ok = true;
-  if (m.left >= 0) ok = ok && dist <= m.left;
-  if (m.right >= 0) ok = ok && dist >= -m.right;
-  if (m.dilation > 1) ok = ok && dist % m.dilation == 0;
-  if (m.global_tokens > 0) ok = ok || (ip >= 0 && ip < m.global_tokens) || j < m.global_tokens;
-  if (m.causal) ok = ok && dist >= 0;
-  if (m.layout != nullptr && ok) {
-    ok = m.layout[b * m.layout_stride_b + h * m.layout_stride_h + (i / m.layout_bq) * m.layout_stride_q +
-                  j / m.layout_bk] != 0;
-  }
-  return ok;
+  return row_allows(m, row_mask(m, i, lq, lk), j) && layout_allows(m, i, j, b, h);
 }
 
 }  // namespace legalpt

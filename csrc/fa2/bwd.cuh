@@ -16,15 +16,34 @@ namespace legalpt::fa2 {
 
 template <typename T, int D>
 struct BwdTraits {
-  static constexpr int kBlockM = 64;  // query rows per visited tile
-  static constexpr int kBlockN = 64;  // keys per block: 4 warps x 16
-  static constexpr int kParts = D > 128 ? 2 : 1;  // column split of dK/dV: 16 x D/parts float accumulators per warp
-  static constexpr int kWarps = 4 * kParts;
+  static constexpr int kBlockM = 64;                // query rows per visited tile
+  static constexpr int kParts = D > 128 ? 2 : 1;    // column split of dK/dV: 16 x D/parts float accumulators per warp
+  static constexpr int kKeyWarps = 8 / kParts;      // warps along the keys, 16 keys each
+  static constexpr int kBlockN = 16 * kKeyWarps;    // keys per block: 128 (64 over D = 128), so that a Q/dO copy
+                                                    // and a dQ atomic serve twice the keys
+  static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   // K, V; Q, dO, logsumexp and delta twice (the next query tile loads while this one computes); dS^T
   static constexpr int kSmem = 2 * kBlockN * (D + 8) * sizeof(T) + 2 * (2 * kBlockM * (D + 8) * sizeof(T) +
                                2 * kBlockM * sizeof(float)) + kBlockN * (kBlockM + 8) * sizeof(T);
 };
+
+// P and dS of one score s = q.k (raw), in place: s <- p = exp2(logit - lse), dp <- dS = p (dp - delta) dlogit/d(q.k).
+// A row without keys has lse = +inf, so p = 0 there. Masked scores are zeroed by the caller afterwards.
+__device__ __forceinline__ void score_grads(const Params& p, float& s, float& dp, float lse, float delta) {
+  float x, dlogit;  // logit (log2 domain) and d logit_e / d (q.k)
+  if (p.softcap > 0.f) {
+    const float th = tanh_accurate(s * p.softcap_inv_scale);
+    x = p.softcap * kLog2e * th;
+    dlogit = p.ds_scale * (1.f - th * th);
+  } else {
+    x = s * p.scale_log2;
+    dlogit = p.ds_scale;
+  }
+  const float prob = exp2f(x - lse);
+  s = prob;
+  dp = prob * (dp - delta) * dlogit;
+}
 
 // The (query head, query tile) pairs a key tile visits, in order: every head of the group, each head's schedule row.
 struct BwdWork {
@@ -44,7 +63,8 @@ template <typename T, int D>
 __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __grid_constant__ Params p) {
   using Tr = BwdTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, SP = BM + 8, NT = Tr::kThreads;
-  constexpr int DW = D / Tr::kParts;  // dK/dV/dQ columns per warp
+  constexpr int DW = D / Tr::kParts;  // dK/dV columns per warp
+  constexpr int DQ = D / 2;           // dQ columns per warp: 8 warps = 4 row groups of 16 x 2 column halves
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);  // (BN, DP)
   T* sV = sK + BN * DP;                // (BN, DP)
@@ -58,9 +78,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
   const Document doc = document(p, b);
   if (n_blk * BN >= doc.lk) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int key0 = (warp % 4) * 16;  // the warp's keys in the tile (S^T rows)
-  const int d0 = (warp / 4) * DW;    // the warp's dK/dV/dQ columns
-  const int q0 = (warp % 4) * 16;    // the warp's dQ rows
+  const int key0 = (warp % Tr::kKeyWarps) * 16;  // the warp's keys in the tile (S^T rows)
+  const int d0 = (warp / Tr::kKeyWarps) * DW;    // the warp's dK/dV columns
+  const int q0 = (warp % 4) * 16, dq0 = (warp / 4) * DQ;  // the warp's dQ rows and columns
 
   load_tile<T, BN, D, NT>(sK, row_ptr<const T>(p.k, b, doc.k_start, n_blk * BN, hk), p.k.row_stride,
                           doc.lk - n_blk * BN);
@@ -123,26 +143,28 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
       }
     }
 
-    const int j0 = n_blk * BN + key0 + lane / 4;
 #pragma unroll
     for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int col = n * 8 + 2 * (lane % 4) + (c & 1);  // query within the tile
-        float x, dlogit;                                     // logit (log2 domain) and d logit_e / d (q.k)
-        if (p.softcap > 0.f) {
-          const float th = tanh_accurate(st[n][c] * p.softcap_inv_scale);
-          x = p.softcap * kLog2e * th;
-          dlogit = p.ds_scale * (1.f - th * th);
-        } else {
-          x = st[n][c] * p.scale_log2;
-          dlogit = p.ds_scale;
-        }
-        if (partial && !visible(p.mask, m_blk * BM + col, j0 + (c >> 1) * 8, doc.lq, doc.lk, b, h)) x = -INFINITY;
-        const float prob = exp2f(x - sLse[col]);
-        st[n][c] = prob;
-        dpt[n][c] = prob * (dpt[n][c] - sDelta[col]) * dlogit;
+        score_grads(p, st[n][c], dpt[n][c], sLse[col], sDelta[col]);
       }
+    if (partial) {
+      const int j0 = n_blk * BN + key0 + lane / 4;  // the thread's keys: j0 and j0 + 8
+#pragma unroll
+      for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+        for (int cq = 0; cq < 2; ++cq) {
+          const int i = m_blk * BM + n * 8 + 2 * (lane % 4) + cq;
+          const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
+#pragma unroll
+          for (int ck = 0; ck < 2; ++ck) {
+            const int j = j0 + 8 * ck;
+            if (!row_allows(p.mask, rm, j) || !layout_allows(p.mask, i, j, b, h)) st[n][2 * ck + cq] = dpt[n][2 * ck + cq] = 0.f;
+          }
+        }
+    }
 
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq) {
@@ -173,15 +195,15 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
     }
     if (!p.deterministic) {
       __syncthreads();  // dS^T complete
-      float dq[DW / 8][4] = {};  // rows q0 + lane/4 (+8), columns d0 + 8 * n + 2 * (lane % 4)
+      float dq[DQ / 8][4] = {};  // rows q0 + lane/4 (+8), columns dq0 + 8 * n + 2 * (lane % 4)
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         uint32_t a[4];
         ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * SP + q0 + ((lane >> 3) & 1) * 8);
 #pragma unroll
-        for (int nd = 0; nd < DW / 16; ++nd) {
+        for (int nd = 0; nd < DQ / 16; ++nd) {
           uint32_t bk[4];
-          ldmatrix_x4_trans(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + d0 + nd * 16 +
+          ldmatrix_x4_trans(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + dq0 + nd * 16 +
                                     (lane >> 4) * 8);
           mma_16816<T>(dq[2 * nd], a, bk[0], bk[1]);
           mma_16816<T>(dq[2 * nd + 1], a, bk[2], bk[3]);
@@ -191,9 +213,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
       for (int r = 0; r < 2; ++r) {
         const int i = m_blk * BM + q0 + lane / 4 + 8 * r;
         if (i >= doc.lq) continue;
-        float* out = row_ptr<float>(p.dq_accum, b, doc.q_start, i, h) + d0 + 2 * (lane % 4);
+        float* out = row_ptr<float>(p.dq_accum, b, doc.q_start, i, h) + dq0 + 2 * (lane % 4);
 #pragma unroll
-        for (int n = 0; n < DW / 8; ++n) atomic_add2(out + 8 * n, dq[n][2 * r], dq[n][2 * r + 1]);
+        for (int n = 0; n < DQ / 8; ++n) atomic_add2(out + 8 * n, dq[n][2 * r], dq[n][2 * r + 1]);
       }
     }
     __syncthreads();  // every warp is done with this stage and sdS before they are written again
@@ -218,8 +240,18 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
 // dQ alone, for deterministic gradients: one thread block per (query tile, document, head), 8 warps of 16 rows,
 // visiting the key tiles of the forward schedule in order. dS stays in registers and is the A operand of dS K.
 template <typename T, int D>
-__global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) dq_kernel(const __grid_constant__ Params p) {
-  using Tr = FwdTraits<T, D>;
+struct DqTraits {
+  static constexpr int kBlockM = 128;  // the forward's tiles: dq_kernel walks the forward's schedule
+  static constexpr int kBlockN = 64;
+  static constexpr int kThreads = 8 * 32;
+  static constexpr int kSmem = 2 * (kBlockM + kBlockN) * (D + 8) * sizeof(T);  // Q, dO; K, V
+};
+static_assert(DqTraits<__half, 64>::kBlockM == FwdTraits<__half, 64>::kBlockM &&
+              DqTraits<__half, 64>::kBlockN == FwdTraits<__half, 64>::kBlockN);
+
+template <typename T, int D>
+__global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const __grid_constant__ Params p) {
+  using Tr = DqTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, NT = Tr::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);  // (BM, DP)
@@ -278,25 +310,24 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) dq_kernel(const 
         mma_16816<T>(dp[2 * nj + 1], ao, bv[2], bv[3]);
       }
     }
-    const bool partial = t < vis.partial;
-    const int i0 = m_blk * BM + r0 + lane / 4, j0 = n + 2 * (lane % 4);
 #pragma unroll
     for (int nn = 0; nn < BN / 8; ++nn)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        float x, dlogit;
-        if (p.softcap > 0.f) {
-          const float th = tanh_accurate(s[nn][c] * p.softcap_inv_scale);
-          x = p.softcap * kLog2e * th;
-          dlogit = p.ds_scale * (1.f - th * th);
-        } else {
-          x = s[nn][c] * p.scale_log2;
-          dlogit = p.ds_scale;
-        }
-        if (partial && !visible(p.mask, i0 + (c >> 1) * 8, j0 + nn * 8 + (c & 1), doc.lq, doc.lk, b, h)) x = -INFINITY;
-        const float prob = exp2f(x - lse[c >> 1]);
-        dp[nn][c] = prob * (dp[nn][c] - delta[c >> 1]) * dlogit;
+      for (int c = 0; c < 4; ++c) score_grads(p, s[nn][c], dp[nn][c], lse[c >> 1], delta[c >> 1]);
+    if (t < vis.partial) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = m_blk * BM + r0 + lane / 4 + 8 * r;
+        const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
+#pragma unroll
+        for (int nn = 0; nn < BN / 8; ++nn)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int j = n + 2 * (lane % 4) + 8 * nn + c;
+            if (!row_allows(p.mask, rm, j) || !layout_allows(p.mask, i, j, b, h)) dp[nn][2 * r + c] = 0.f;
+          }
       }
+    }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       const uint32_t a[4] = {pack2<T>(dp[2 * kk][0], dp[2 * kk][1]), pack2<T>(dp[2 * kk][2], dp[2 * kk][3]),

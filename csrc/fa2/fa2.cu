@@ -92,7 +92,8 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   const c10::cuda::CUDAGuard guard(q.device());
   Params p = common_params(q, k, v, lse, cu_q, cu_k, max_q, max_k, counts, indices, layout, mask, scale, softcap);
   p.o = view(out);
-  const dim3 grid((max_q + 127) / 128, documents(q, cu_q), p.heads);
+  constexpr int kRows = FwdTraits<__half, kHeadDim>::kBlockM;
+  const dim3 grid((max_q + kRows - 1) / kRows, documents(q, cu_q), p.heads);
   if (q.scalar_type() == at::kBFloat16) {
     using Tr = FwdTraits<__nv_bfloat16, kHeadDim>;
     launch(fwd_kernel<__nv_bfloat16, kHeadDim>, grid, Tr::kThreads, Tr::kSmem, p);
@@ -119,7 +120,8 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   p.dq_accum = view(dq_accum);
   p.dk = view(dk);
   p.dv = view(dv);
-  const dim3 grid((max_k + 63) / 64, documents(q, cu_q), k.size(-2));
+  constexpr int kKeys = BwdTraits<__half, kHeadDim>::kBlockN;
+  const dim3 grid((max_k + kKeys - 1) / kKeys, documents(q, cu_q), k.size(-2));
   if (q.scalar_type() == at::kBFloat16) {
     using Tr = BwdTraits<__nv_bfloat16, kHeadDim>;
     launch(bwd_kernel<__nv_bfloat16, kHeadDim>, grid, Tr::kThreads, Tr::kSmem, p);
@@ -137,11 +139,11 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   pq.dq_accum = p.dq_accum;
   const dim3 dq_grid((max_q + 127) / 128, documents(q, cu_q), p.heads);
   if (q.scalar_type() == at::kBFloat16) {
-    using Tr = FwdTraits<__nv_bfloat16, kHeadDim>;
-    launch(dq_kernel<__nv_bfloat16, kHeadDim>, dq_grid, Tr::kThreads, Tr::kSmem + Tr::kBlockM * (kHeadDim + 8) * 2, pq);
+    using Tr = DqTraits<__nv_bfloat16, kHeadDim>;
+    launch(dq_kernel<__nv_bfloat16, kHeadDim>, dq_grid, Tr::kThreads, Tr::kSmem, pq);
   } else {
-    using Tr = FwdTraits<__half, kHeadDim>;
-    launch(dq_kernel<__half, kHeadDim>, dq_grid, Tr::kThreads, Tr::kSmem + Tr::kBlockM * (kHeadDim + 8) * 2, pq);
+    using Tr = DqTraits<__half, kHeadDim>;
+    launch(dq_kernel<__half, kHeadDim>, dq_grid, Tr::kThreads, Tr::kSmem, pq);
   }
 }
 
@@ -179,8 +181,10 @@ void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& ls
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("head_dim") = legalpt::fa2::kHeadDim;
-  m.attr("fwd_tile") = pybind11::make_tuple(128, 64);  // (query rows, keys) per forward tile
-  m.attr("bwd_tile") = pybind11::make_tuple(64, 64);   // (query rows, keys) per backward tile
+  using Fwd = legalpt::fa2::FwdTraits<__half, legalpt::fa2::kHeadDim>;
+  using Bwd = legalpt::fa2::BwdTraits<__half, legalpt::fa2::kHeadDim>;
+  m.attr("fwd_tile") = pybind11::make_tuple(Fwd::kBlockM, Fwd::kBlockN);  // (query rows, keys) per forward tile
+  m.attr("bwd_tile") = pybind11::make_tuple(Bwd::kBlockM, Bwd::kBlockN);  // (query rows, keys) per backward tile
   m.def("forward", &legalpt::fa2::forward, "FA2 attention forward (writes out and lse)");
   m.def("prepare", &legalpt::fa2::prepare, "backward preprocessing: delta = rowsum(dO * O) - dlse, lse in log2");
   m.def("backward", &legalpt::fa2::backward, "FA2 attention backward (accumulates dq_accum, writes dk and dv)");

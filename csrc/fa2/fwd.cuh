@@ -1,10 +1,11 @@
-// FA2 forward: one thread block per (query tile, document, head); 8 warps, 16 query rows each.
+// FA2 forward: one thread block per (query tile, document, head); each warp owns 16 * kRowTiles query rows.
 //
-// Per visited key tile: S = Q K^T on the tensor cores (ldmatrix + mma.sync m16n8k16), the element rule on
-// partial tiles only, online softmax in the log2 domain (running max and sum per row, the output rescaled only
-// by the change of the max), O += P V with P straight from registers. K and V have one shared buffer each and
-// their copies overlap compute: V(t) loads during S(t), K(t+1) during softmax and P V(t). O and the logsumexp
-// are written once at the end.
+// Per visited key tile: S = Q K^T on the tensor cores (ldmatrix + mma.sync m16n8k16; each K fragment read from
+// shared memory serves all of the warp's row tiles), the element rule on partial tiles only (a per-row key range,
+// RowMask), online softmax in the log2 domain (running max and sum per row, the output rescaled only by the change
+// of the max), O += P V with P straight from registers. K and V have one shared buffer each and their copies
+// overlap compute: V(t) loads during S(t), K(t+1) during softmax and P V(t); a second resident block per SM covers
+// the barriers. O and the logsumexp are written once at the end.
 #pragma once
 
 #include "tile.cuh"
@@ -13,25 +14,59 @@ namespace legalpt::fa2 {
 
 template <typename T, int D>
 struct FwdTraits {
-  static constexpr int kBlockM = 128;  // query rows per block: 8 warps x 16 (one m16 mma tile per warp)
-  static constexpr int kBlockN = 64;   // keys per tile: S is 16 x 64 per warp, 32 float registers
-  static constexpr int kWarps = 8;
+  // m16 row tiles per warp. Two halve the shared-memory reads of K and V per FLOP (the limit at one); their O and
+  // S accumulators (D + 64 floats per thread) fit the register file up to D = 128.
+  static constexpr int kRowTiles = D <= 128 ? 2 : 1;
+  static constexpr int kBlockM = 128;  // query rows per block
+  static constexpr int kBlockN = 64;   // keys per tile
+  static constexpr int kWarps = kBlockM / (16 * kRowTiles);
   static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMinBlocks = kRowTiles == 2 ? 2 : 1;  // two resident blocks hide each other's barriers
   static constexpr int kSmem = (kBlockM + 2 * kBlockN) * (D + 8) * sizeof(T);
 };
 
-#ifndef LEGALPT_FWD_MIN_BLOCKS
-#define LEGALPT_FWD_MIN_BLOCKS 1
-#endif
-#ifndef LEGALPT_FWD_Q_IN_REGS
-#define LEGALPT_FWD_Q_IN_REGS 0
-#endif
+// Scores -> log2-domain logits in place (scale, or softcap), and the element rule on a partial tile.
+// s: (R row tiles, BN / 8, 4) accumulators of rows i0 + 16 r + 8 (c / 2), keys j0 + 8 n + (c % 2).
+template <int R, int BN>
+__device__ __forceinline__ void logits(const Params& p, float (&s)[R][BN / 8][4], bool partial, int i0, int j0,
+                                       const Document& doc, int b, int h) {
+  if (p.softcap > 0.f) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[r][n][c] = p.softcap * kLog2e * tanh_accurate(s[r][n][c] * p.softcap_inv_scale);
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[r][n][c] *= p.scale_log2;
+  }
+  if (!partial) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = i0 + 16 * r + 8 * half;
+      const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int j = j0 + 8 * n + c;
+          if (!row_allows(p.mask, rm, j) || !layout_allows(p.mask, i, j, b, h)) s[r][n][2 * half + c] = -INFINITY;
+        }
+    }
+}
 
 template <typename T, int D>
-__global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, LEGALPT_FWD_MIN_BLOCKS)
+__global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kMinBlocks)
     fwd_kernel(const __grid_constant__ Params p) {
   using Tr = FwdTraits<T, D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, NT = Tr::kThreads;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, NT = Tr::kThreads, R = Tr::kRowTiles;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);  // (BM, DP)
   T* sK = sQ + BM * DP;                // (BN, DP)
@@ -42,7 +77,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, LEGALPT_FWD_MIN_BLO
   const Document doc = document(p, b);
   if (m_blk * BM >= doc.lq) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r0 = warp * 16;  // the warp's first row in the tile
+  const int r0 = warp * 16 * R;  // the warp's first row in the tile
   const Visits vis = visits(p.schedule, b, h, m_blk);
 
   const T* k = row_ptr<const T>(p.k, b, doc.k_start, 0, hk);
@@ -55,12 +90,11 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, LEGALPT_FWD_MIN_BLO
   }
   cp_async_commit();
 
-  float acc[D / 8][4] = {};  // O: rows r0 + lane/4 (+8 for [2], [3]), columns 8 * n + 2 * (lane % 4) (+1)
-  float row_max[2] = {-INFINITY, -INFINITY};  // log2 domain
-  float row_sum[2] = {0.f, 0.f};              // this thread's part; the quad's sum is taken at the end
-#if LEGALPT_FWD_Q_IN_REGS
-  uint32_t qf[D / 16][4];
-#endif
+  // O: rows r0 + 16 r + lane/4 (+8 for [2], [3]), columns 8 d + 2 (lane % 4) (+1)
+  float acc[R][D / 8][4] = {};
+  float row_max[R][2], row_sum[R][2];  // log2 domain; row_sum is this thread's part, the quad's sum comes at the end
+#pragma unroll
+  for (int r = 0; r < R; ++r) row_max[r][0] = row_max[r][1] = -INFINITY, row_sum[r][0] = row_sum[r][1] = 0.f;
 
   for (int t = 0; t < vis.count; ++t) {
     const int n_blk = vis.tiles[t];
@@ -69,41 +103,24 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, LEGALPT_FWD_MIN_BLO
     load_tile<T, BN, D, NT>(sV, v + n_blk * BN * p.v.row_stride, p.v.row_stride, doc.lk - n_blk * BN);
     cp_async_commit();
 
-    float s[BN / 8][4] = {};  // (16, BN) per warp
-#if LEGALPT_FWD_Q_IN_REGS
-    if (t == 0) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], sQ + (r0 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
-    }
-#endif
+    float s[R][BN / 8][4] = {};  // (16 R, BN) per warp
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-#if LEGALPT_FWD_Q_IN_REGS
-      const uint32_t(&a)[4] = qf[kk];
-#else
-      uint32_t a[4];
-      ldmatrix_x4(a, sQ + (r0 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
-#endif
+      uint32_t a[R][4];
+#pragma unroll
+      for (int r = 0; r < R; ++r) ldmatrix_x4(a[r], sQ + (r0 + 16 * r + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
       for (int nj = 0; nj < BN / 16; ++nj) {
         uint32_t bk[4];
         ldmatrix_x4(bk, sK + (nj * 16 + (lane & 7) + (lane >> 4) * 8) * DP + kk * 16 + ((lane >> 3) & 1) * 8);
-        mma_16816<T>(s[2 * nj], a, bk[0], bk[1]);
-        mma_16816<T>(s[2 * nj + 1], a, bk[2], bk[3]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          mma_16816<T>(s[r][2 * nj], a[r], bk[0], bk[1]);
+          mma_16816<T>(s[r][2 * nj + 1], a[r], bk[2], bk[3]);
+        }
       }
     }
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) s[n][c] = logit_log2(p, s[n][c]);
-    if (t < vis.partial) {
-      const int i0 = m_blk * BM + r0 + lane / 4, j0 = n_blk * BN + 2 * (lane % 4);
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (!visible(p.mask, i0 + (c >> 1) * 8, j0 + n * 8 + (c & 1), doc.lq, doc.lk, b, h)) s[n][c] = -INFINITY;
-    }
+    logits<R, BN>(p, s, t < vis.partial, m_blk * BM + r0 + lane / 4, n_blk * BN + 2 * (lane % 4), doc, b, h);
 
     cp_async_wait<0>();
     __syncthreads();  // V(t) has landed, and every warp is done with K(t)
@@ -114,59 +131,71 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, LEGALPT_FWD_MIN_BLO
     cp_async_commit();
 
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float m = row_max[r];
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int n = 0; n < BN / 8; ++n) m = fmaxf(m, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      m = quad_max(m);
-      const float m_safe = m == -INFINITY ? 0.f : m;  // a row that has seen nothing yet keeps p = exp2(-inf) = 0
-      const float correction = exp2f(row_max[r] - m_safe);
-      row_max[r] = m;
-      float sum = 0.f;
+      for (int half = 0; half < 2; ++half) {
+        float m = row_max[r][half];
 #pragma unroll
-      for (int n = 0; n < BN / 8; ++n) {
-        s[n][2 * r] = exp2f(s[n][2 * r] - m_safe);
-        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - m_safe);
-        sum += s[n][2 * r] + s[n][2 * r + 1];
+        for (int n = 0; n < BN / 8; ++n) m = fmaxf(m, fmaxf(s[r][n][2 * half], s[r][n][2 * half + 1]));
+        m = quad_max(m);
+        const float m_safe = m == -INFINITY ? 0.f : m;  // a row that has seen nothing yet keeps p = exp2(-inf) = 0
+        const float correction = exp2f(row_max[r][half] - m_safe);
+        row_max[r][half] = m;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n) {
+          s[r][n][2 * half] = exp2f(s[r][n][2 * half] - m_safe);
+          s[r][n][2 * half + 1] = exp2f(s[r][n][2 * half + 1] - m_safe);
+          sum += s[r][n][2 * half] + s[r][n][2 * half + 1];
+        }
+        row_sum[r][half] = row_sum[r][half] * correction + sum;
+#pragma unroll
+        for (int d = 0; d < D / 8; ++d) {
+          acc[r][d][2 * half] *= correction;
+          acc[r][d][2 * half + 1] *= correction;
+        }
       }
-      row_sum[r] = row_sum[r] * correction + sum;
-#pragma unroll
-      for (int d = 0; d < D / 8; ++d) {
-        acc[d][2 * r] *= correction;
-        acc[d][2 * r + 1] *= correction;
-      }
-    }
 
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t a[R][4];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        a[r][0] = pack2<T>(s[r][2 * kk][0], s[r][2 * kk][1]);
+        a[r][1] = pack2<T>(s[r][2 * kk][2], s[r][2 * kk][3]);
+        a[r][2] = pack2<T>(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
+        a[r][3] = pack2<T>(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int nd = 0; nd < D / 16; ++nd) {
         uint32_t bv[4];
         ldmatrix_x4_trans(bv, sV + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + nd * 16 + (lane >> 4) * 8);
-        mma_16816<T>(acc[2 * nd], a, bv[0], bv[1]);
-        mma_16816<T>(acc[2 * nd + 1], a, bv[2], bv[3]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          mma_16816<T>(acc[r][2 * nd], a[r], bv[0], bv[1]);
+          mma_16816<T>(acc[r][2 * nd + 1], a[r], bv[2], bv[3]);
+        }
       }
     }
   }
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(row_sum[r]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key: output 0
-    const int i = m_blk * BM + r0 + lane / 4 + 8 * r;
-    if (i >= doc.lq) continue;
-    T* o = row_ptr<T>(p.o, b, doc.q_start, i, h) + 2 * (lane % 4);
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int d = 0; d < D / 8; ++d)
-      *reinterpret_cast<uint32_t*>(o + 8 * d) = pack2<T>(acc[d][2 * r] * inv, acc[d][2 * r + 1] * inv);
-    if (lane % 4 == 0)
-      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + i] =
-          l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
-  }
+    for (int half = 0; half < 2; ++half) {
+      const float l = quad_sum(row_sum[r][half]);
+      const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key: output 0
+      const int i = m_blk * BM + r0 + 16 * r + lane / 4 + 8 * half;
+      if (i >= doc.lq) continue;
+      T* o = row_ptr<T>(p.o, b, doc.q_start, i, h) + 2 * (lane % 4);
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d)
+        *reinterpret_cast<uint32_t*>(o + 8 * d) = pack2<T>(acc[r][d][2 * half] * inv, acc[r][d][2 * half + 1] * inv);
+      if (lane % 4 == 0)
+        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + i] =
+            l > 0.f ? (row_max[r][half] + log2f(l)) * kLn2 : -INFINITY;
+    }
 }
 
 }  // namespace legalpt::fa2
