@@ -3,7 +3,7 @@
 //
 // `row_mask` folds everything that depends only on the query row (its position, causal limit, window bounds,
 // whether it is a global token) into a few integers once per row, so that testing a key is two or three
-// comparisons; `visible` is the same rule for one (row, key) pair.
+// comparisons (`allowed`); `visible` is the same rule for one (row, key) pair.
 #pragma once
 
 #include <climits>
@@ -43,21 +43,22 @@ __device__ __forceinline__ RowMask row_mask(const MaskParams& m, int i, int lq, 
   return r;
 }
 
-// Key j against a row mask, without the block layout.
-__device__ __forceinline__ bool row_allows(const MaskParams& m, const RowMask& r, int j) {
-  const bool in_window = j >= r.lo && j <= r.hi && (!r.dilated || (r.pos - j) % m.dilation == 0);
-  return in_window || j < r.global_end;
-}
-
-// The block layout's verdict on (i, j); true when there is none.
-__device__ __forceinline__ bool layout_allows(const MaskParams& m, int i, int j, int b, int h) {
-  return m.layout == nullptr || m.layout[b * m.layout_stride_b + h * m.layout_stride_h +
-                                         (i / m.layout_bq) * m.layout_stride_q + j / m.layout_bk] != 0;
+// Key j of row i against the row's mask; kGeneral adds the dilation test and the block layout.
+template <bool kGeneral>
+__device__ __forceinline__ bool allowed(const MaskParams& m, const RowMask& r, int i, int j, int b, int h) {
+  bool in_window = j >= r.lo && j <= r.hi;
+  if constexpr (kGeneral) in_window = in_window && (!r.dilated || (r.pos - j) % m.dilation == 0);
+  bool ok = in_window || j < r.global_end;
+  if constexpr (kGeneral) {
+    ok = ok && (m.layout == nullptr || m.layout[b * m.layout_stride_b + h * m.layout_stride_h +
+                                                (i / m.layout_bq) * m.layout_stride_q + j / m.layout_bk] != 0);
+  }
+  return ok;
 }
 
 // May query i see key j of the same document (document lengths lq, lk; b = document, h = query head)?
 __device__ __forceinline__ bool visible(const MaskParams& m, int i, int j, int lq, int lk, int b, int h) {
-  return row_allows(m, row_mask(m, i, lq, lk), j) && layout_allows(m, i, j, b, h);
+  return allowed<true>(m, row_mask(m, i, lq, lk), i, j, b, h);
 }
 
 }  // namespace legalpt

@@ -30,9 +30,10 @@ struct BwdTraits {
 
 // P and dS of one score s = q.k (raw), in place: s <- p = exp2(logit - lse), dp <- dS = p (dp - delta) dlogit/d(q.k).
 // A row without keys has lse = +inf, so p = 0 there. Masked scores are zeroed by the caller afterwards.
+template <bool kGeneral>
 __device__ __forceinline__ void score_grads(const Params& p, float& s, float& dp, float lse, float delta) {
   float x, dlogit;  // logit (log2 domain) and d logit_e / d (q.k)
-  if (p.softcap > 0.f) {
+  if (kGeneral && p.softcap > 0.f) {
     const float th = tanh_accurate(s * p.softcap_inv_scale);
     x = p.softcap * kLog2e * th;
     dlogit = p.ds_scale * (1.f - th * th);
@@ -59,7 +60,42 @@ __device__ __forceinline__ void advance(const Params& p, BwdWork& w, int b, int 
   }
 }
 
-template <typename T, int D>
+// The element rule on a partial S^T / dP^T tile of a warp (16 keys from `key0` x BM queries from `q0`): P and dS
+// become 0 where the mask removes the score. One row mask per query column serves the thread's two keys.
+template <bool kGeneral, int BM>
+__device__ __forceinline__ void mask_transposed(const Params& p, float (&st)[BM / 8][4], float (&dpt)[BM / 8][4],
+                                                int q0, int key0, const Document& doc, int b, int h) {
+  const int lane = threadIdx.x % 32, j0 = key0 + lane / 4;  // the thread's keys: j0 and j0 + 8
+#pragma unroll
+  for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+    for (int cq = 0; cq < 2; ++cq) {
+      const int i = q0 + n * 8 + 2 * (lane % 4) + cq;
+      const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
+#pragma unroll
+      for (int ck = 0; ck < 2; ++ck)
+        if (!allowed<kGeneral>(p.mask, rm, i, j0 + 8 * ck, b, h)) st[n][2 * ck + cq] = dpt[n][2 * ck + cq] = 0.f;
+    }
+}
+
+// The same for a warp's (16 query rows from `i0`, BN keys from `j0`) dS tile in dq_kernel: dS becomes 0.
+template <bool kGeneral, int BN>
+__device__ __forceinline__ void mask_rows(const Params& p, float (&ds)[BN / 8][4], int i0, int j0,
+                                          const Document& doc, int b, int h) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = i0 + lane / 4 + 8 * r;
+    const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        if (!allowed<kGeneral>(p.mask, rm, i, j0 + 2 * (lane % 4) + 8 * n + c, b, h)) ds[n][2 * r + c] = 0.f;
+  }
+}
+
+template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
 __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __grid_constant__ Params p) {
   using Tr = BwdTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, SP = BM + 8, NT = Tr::kThreads;
@@ -148,22 +184,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int col = n * 8 + 2 * (lane % 4) + (c & 1);  // query within the tile
-        score_grads(p, st[n][c], dpt[n][c], sLse[col], sDelta[col]);
+        score_grads<kGeneral>(p, st[n][c], dpt[n][c], sLse[col], sDelta[col]);
       }
     if (partial) {
-      const int j0 = n_blk * BN + key0 + lane / 4;  // the thread's keys: j0 and j0 + 8
-#pragma unroll
-      for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-        for (int cq = 0; cq < 2; ++cq) {
-          const int i = m_blk * BM + n * 8 + 2 * (lane % 4) + cq;
-          const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
-#pragma unroll
-          for (int ck = 0; ck < 2; ++ck) {
-            const int j = j0 + 8 * ck;
-            if (!row_allows(p.mask, rm, j) || !layout_allows(p.mask, i, j, b, h)) st[n][2 * ck + cq] = dpt[n][2 * ck + cq] = 0.f;
-          }
-        }
+      mask_transposed<kGeneral, BM>(p, st, dpt, m_blk * BM, n_blk * BN + key0, doc, b, h);
     }
 
 #pragma unroll
@@ -241,15 +265,13 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
 // visiting the key tiles of the forward schedule in order. dS stays in registers and is the A operand of dS K.
 template <typename T, int D>
 struct DqTraits {
-  static constexpr int kBlockM = 128;  // the forward's tiles: dq_kernel walks the forward's schedule
-  static constexpr int kBlockN = 64;
-  static constexpr int kThreads = 8 * 32;
+  static constexpr int kBlockM = FwdTraits<T, D>::kBlockM;  // the forward's tiles: dq_kernel walks its schedule
+  static constexpr int kBlockN = FwdTraits<T, D>::kBlockN;
+  static constexpr int kThreads = kBlockM / 16 * 32;         // warps of 16 rows
   static constexpr int kSmem = 2 * (kBlockM + kBlockN) * (D + 8) * sizeof(T);  // Q, dO; K, V
 };
-static_assert(DqTraits<__half, 64>::kBlockM == FwdTraits<__half, 64>::kBlockM &&
-              DqTraits<__half, 64>::kBlockN == FwdTraits<__half, 64>::kBlockN);
 
-template <typename T, int D>
+template <typename T, int D, bool kGeneral>
 __global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const __grid_constant__ Params p) {
   using Tr = DqTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, NT = Tr::kThreads;
@@ -313,20 +335,9 @@ __global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const _
 #pragma unroll
     for (int nn = 0; nn < BN / 8; ++nn)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) score_grads(p, s[nn][c], dp[nn][c], lse[c >> 1], delta[c >> 1]);
+      for (int c = 0; c < 4; ++c) score_grads<kGeneral>(p, s[nn][c], dp[nn][c], lse[c >> 1], delta[c >> 1]);
     if (t < vis.partial) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = m_blk * BM + r0 + lane / 4 + 8 * r;
-        const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
-#pragma unroll
-        for (int nn = 0; nn < BN / 8; ++nn)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int j = n + 2 * (lane % 4) + 8 * nn + c;
-            if (!row_allows(p.mask, rm, j) || !layout_allows(p.mask, i, j, b, h)) dp[nn][2 * r + c] = 0.f;
-          }
-      }
+      mask_rows<kGeneral, BN>(p, dp, m_blk * BM + r0, n, doc, b, h);
     }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {

@@ -80,6 +80,30 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem, const Params& p) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+// Calls f(Tag<element type>, std::bool_constant<general>): the kernels are instantiated per element type and for
+// general masks (softcap, dilation, block layout) apart from the rest (csrc/fa2/fwd.cuh says why).
+template <typename F>
+void dispatch(const at::Tensor& q, const Params& p, F&& f) {
+  const bool general = p.softcap > 0.f || p.mask.dilation > 1 || p.mask.layout != nullptr;
+  auto with_type = [&](auto tag) {
+    if (general) {
+      f(tag, std::true_type{});
+    } else {
+      f(tag, std::false_type{});
+    }
+  };
+  if (q.scalar_type() == at::kBFloat16) {
+    with_type(Tag<__nv_bfloat16>{});
+  } else {
+    with_type(Tag<__half>{});
+  }
+}
+
 int documents(const at::Tensor& q, const std::optional<at::Tensor>& cu_q) {
   return static_cast<int>(cu_q.has_value() ? cu_q->size(0) - 1 : q.size(0));
 }
@@ -94,13 +118,11 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   p.o = view(out);
   constexpr int kRows = FwdTraits<__half, kHeadDim>::kBlockM;
   const dim3 grid((max_q + kRows - 1) / kRows, documents(q, cu_q), p.heads);
-  if (q.scalar_type() == at::kBFloat16) {
-    using Tr = FwdTraits<__nv_bfloat16, kHeadDim>;
-    launch(fwd_kernel<__nv_bfloat16, kHeadDim>, grid, Tr::kThreads, Tr::kSmem, p);
-  } else {
-    using Tr = FwdTraits<__half, kHeadDim>;
-    launch(fwd_kernel<__half, kHeadDim>, grid, Tr::kThreads, Tr::kSmem, p);
-  }
+  dispatch(q, p, [&](auto tag, auto general) {
+    using T = typename decltype(tag)::type;
+    using Tr = FwdTraits<T, kHeadDim>;
+    launch(fwd_kernel<T, kHeadDim, decltype(general)::value>, grid, Tr::kThreads, Tr::kSmem, p);
+  });
 }
 
 void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -122,13 +144,11 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   p.dv = view(dv);
   constexpr int kKeys = BwdTraits<__half, kHeadDim>::kBlockN;
   const dim3 grid((max_k + kKeys - 1) / kKeys, documents(q, cu_q), k.size(-2));
-  if (q.scalar_type() == at::kBFloat16) {
-    using Tr = BwdTraits<__nv_bfloat16, kHeadDim>;
-    launch(bwd_kernel<__nv_bfloat16, kHeadDim>, grid, Tr::kThreads, Tr::kSmem, p);
-  } else {
-    using Tr = BwdTraits<__half, kHeadDim>;
-    launch(bwd_kernel<__half, kHeadDim>, grid, Tr::kThreads, Tr::kSmem, p);
-  }
+  dispatch(q, p, [&](auto tag, auto general) {
+    using T = typename decltype(tag)::type;
+    using Tr = BwdTraits<T, kHeadDim>;
+    launch(bwd_kernel<T, kHeadDim, decltype(general)::value>, grid, Tr::kThreads, Tr::kSmem, p);
+  });
   if (!deterministic) return;
   // dQ over the forward schedule (dq_counts, dq_indices: query tiles of 128 rows, key tiles of 64)
   Params pq = common_params(q, k, v, lse_log2, cu_q, cu_k, max_q, max_k, dq_counts, dq_indices, layout, mask,
@@ -138,13 +158,11 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   pq.delta = p.delta;
   pq.dq_accum = p.dq_accum;
   const dim3 dq_grid((max_q + 127) / 128, documents(q, cu_q), p.heads);
-  if (q.scalar_type() == at::kBFloat16) {
-    using Tr = DqTraits<__nv_bfloat16, kHeadDim>;
-    launch(dq_kernel<__nv_bfloat16, kHeadDim>, dq_grid, Tr::kThreads, Tr::kSmem, pq);
-  } else {
-    using Tr = DqTraits<__half, kHeadDim>;
-    launch(dq_kernel<__half, kHeadDim>, dq_grid, Tr::kThreads, Tr::kSmem, pq);
-  }
+  dispatch(q, pq, [&](auto tag, auto general) {
+    using T = typename decltype(tag)::type;
+    using Tr = DqTraits<T, kHeadDim>;
+    launch(dq_kernel<T, kHeadDim, decltype(general)::value>, dq_grid, Tr::kThreads, Tr::kSmem, pq);
+  });
 }
 
 void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& lse,

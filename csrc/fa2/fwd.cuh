@@ -25,12 +25,30 @@ struct FwdTraits {
   static constexpr int kSmem = (kBlockM + 2 * kBlockN) * (D + 8) * sizeof(T);
 };
 
+// The element rule on a partial tile: scores the mask removes become -inf. Layout of s as in `logits`.
+template <bool kGeneral, int R, int BN>
+__device__ __forceinline__ void mask_tile(const Params& p, float (&s)[R][BN / 8][4], int i0, int j0,
+                                          const Document& doc, int b, int h) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = i0 + 16 * r + 8 * half;
+      const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          if (!allowed<kGeneral>(p.mask, rm, i, j0 + 8 * n + c, b, h)) s[r][n][2 * half + c] = -INFINITY;
+    }
+}
+
 // Scores -> log2-domain logits in place (scale, or softcap), and the element rule on a partial tile.
 // s: (R row tiles, BN / 8, 4) accumulators of rows i0 + 16 r + 8 (c / 2), keys j0 + 8 n + (c % 2).
-template <int R, int BN>
+template <bool kGeneral, int R, int BN>
 __device__ __forceinline__ void logits(const Params& p, float (&s)[R][BN / 8][4], bool partial, int i0, int j0,
                                        const Document& doc, int b, int h) {
-  if (p.softcap > 0.f) {
+  if (kGeneral && p.softcap > 0.f) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -45,24 +63,12 @@ __device__ __forceinline__ void logits(const Params& p, float (&s)[R][BN / 8][4]
 #pragma unroll
         for (int c = 0; c < 4; ++c) s[r][n][c] *= p.scale_log2;
   }
-  if (!partial) return;
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = i0 + 16 * r + 8 * half;
-      const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int j = j0 + 8 * n + c;
-          if (!row_allows(p.mask, rm, j) || !layout_allows(p.mask, i, j, b, h)) s[r][n][2 * half + c] = -INFINITY;
-        }
-    }
+  if (partial) mask_tile<kGeneral, R, BN>(p, s, i0, j0, doc, b, h);
 }
 
-template <typename T, int D>
+// kGeneral: the instantiation for softcap, dilation or a block layout (`general`); the other one, for everything
+// else, leaves their code out, which keeps it within the register file.
+template <typename T, int D, bool kGeneral>
 __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kMinBlocks)
     fwd_kernel(const __grid_constant__ Params p) {
   using Tr = FwdTraits<T, D>;
@@ -120,7 +126,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kM
         }
       }
     }
-    logits<R, BN>(p, s, t < vis.partial, m_blk * BM + r0 + lane / 4, n_blk * BN + 2 * (lane % 4), doc, b, h);
+    logits<kGeneral, R, BN>(p, s, t < vis.partial, m_blk * BM + r0 + lane / 4, n_blk * BN + 2 * (lane % 4), doc, b, h);
 
     cp_async_wait<0>();
     __syncthreads();  // V(t) has landed, and every warp is done with K(t)
