@@ -123,7 +123,7 @@ def _attention_record(record: dict) -> list[str]:
     lines = [
         f"### `{path.name}`",
         "",
-        f"{h['gpu']}, torch {h['torch']}, CUDA {h['cuda']}, cuDNN {h['cudnn']}, commit {h['commit']}, "
+        f"{h['gpu']}, torch {h['torch']}, CUDA {h['cuda']}, cuDNN {h['cudnn']}, {h.get('code', 'commit ' + h['commit'])}, "
         f"{h['date'][:16].replace('T', ' ')} UTC, {h['dtype']}; {h['timing']}. Ratios are times faster than the "
         f"other implementation (its ms / ours); memory is our fwd+bwd peak over sdpa-flash's. "
         f"Command: `{'` + `'.join(h.get('parts', [h['command']]))}`.",

@@ -1,7 +1,8 @@
 // FA2 backward: one thread block per (key tile, document, key head), accumulating dK and dV in registers while
 // it visits the query tiles of every query head of its group (GQA costs no extra dK/dV memory or reduction).
 //
-// Warps own 16 keys each (4 key groups); head dims over 128 split the dK/dV columns over a second set of 4 warps.
+// 8 warps. Each owns 16 keys: 128 keys per block up to D = 128; over 128, 64 keys and the dK/dV columns split in
+// two halves. For dQ the 8 warps split the query tile into 4 row groups x 2 column halves.
 // Per visited query tile, recomputed from Q, K and the saved logsumexp:
 //   S^T = K Q^T, P^T = exp2(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - delta) * d(logit)/d(q.k)
 //   dV += P^T dO, dK += dS^T Q   (A operands straight from registers)

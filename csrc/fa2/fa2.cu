@@ -150,14 +150,15 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
     launch(bwd_kernel<T, kHeadDim, decltype(general)::value>, grid, Tr::kThreads, Tr::kSmem, p);
   });
   if (!deterministic) return;
-  // dQ over the forward schedule (dq_counts, dq_indices: query tiles of 128 rows, key tiles of 64)
+  // dQ over the forward schedule (dq_counts, dq_indices: the forward's tiles)
   Params pq = common_params(q, k, v, lse_log2, cu_q, cu_k, max_q, max_k, dq_counts, dq_indices, layout, mask,
                             scale, softcap);
   pq.o = p.o;
   pq.lse_log2 = p.lse_log2;
   pq.delta = p.delta;
   pq.dq_accum = p.dq_accum;
-  const dim3 dq_grid((max_q + 127) / 128, documents(q, cu_q), p.heads);
+  constexpr int kDqRows = DqTraits<__half, kHeadDim>::kBlockM;
+  const dim3 dq_grid((max_q + kDqRows - 1) / kDqRows, documents(q, cu_q), p.heads);
   dispatch(q, pq, [&](auto tag, auto general) {
     using T = typename decltype(tag)::type;
     using Tr = DqTraits<T, kHeadDim>;
