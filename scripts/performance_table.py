@@ -118,12 +118,13 @@ def attention() -> list[str]:
 
 def _attention_record(record: dict) -> list[str]:
     h, path, table = record["header"], record["path"], record["ratios"]
+    code = h.get("code", f"commit {h['commit']}")  # a note where the measured code differs from the commit
     ours = table[0]["ours"] if table else "fa2"
     theirs = ("sdpa-flash", "sdpa-cudnn", "flex")
     lines = [
         f"### `{path.name}`",
         "",
-        f"{h['gpu']}, torch {h['torch']}, CUDA {h['cuda']}, cuDNN {h['cudnn']}, {h.get('code', 'commit ' + h['commit'])}, "
+        f"{h['gpu']}, torch {h['torch']}, CUDA {h['cuda']}, cuDNN {h['cudnn']}, {code}, "
         f"{h['date'][:16].replace('T', ' ')} UTC, {h['dtype']}; {h['timing']}. Ratios are times faster than the "
         f"other implementation (its ms / ours); memory is our fwd+bwd peak over sdpa-flash's. "
         f"Command: `{'` + `'.join(h.get('parts', [h['command']]))}`.",
