@@ -20,6 +20,7 @@ from legalpt.attention.blocks import schedule_for
 from legalpt.attention.masks import MaskSpec
 
 DTYPES = (torch.bfloat16, torch.float16)
+MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's y and z sizes: the kernels put documents on y, heads on z
 
 
 def check(q: Tensor) -> None:
@@ -59,6 +60,7 @@ def forward(
     softcap: float,
 ) -> tuple[Tensor, Tensor]:
     """out like q; logsumexp float32 (B, H, Sq) for a batch, (H, total_q) for a varlen batch."""
+    _check_grid(q, cu_seqlens_q)
     ext, head_dim = _extension(q), q.shape[-1]
     qk, kk, vk = (_kernel_layout(x, ext.head_dim) for x in (q, k, v))
     out = torch.empty_like(qk)
@@ -91,6 +93,7 @@ def backward(
     deterministic: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of `forward`."""
+    _check_grid(q, cu_seqlens_q)
     ext, head_dim = _extension(q), q.shape[-1]
     qk, kk, vk, dok = (_kernel_layout(x, ext.head_dim) for x in (q, k, v, dout))
     lse = lse.contiguous()
@@ -120,6 +123,19 @@ def _extension(q: Tensor) -> ModuleType:
     """The checked, built extension for q's head dim (zero-padded up to an instantiated one)."""
     check(q)
     return kernels.fa2(kernels.padded_head_dim(q.shape[-1]))
+
+
+def _check_grid(q: Tensor, cu_seqlens_q: Tensor | None) -> None:
+    """ValueError before launch where a call needs more documents or heads than one launch grid holds."""
+    documents = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
+    if documents > MAX_GRID_YZ:
+        name = "q" if cu_seqlens_q is None else "cu_seqlens_q"
+        raise ValueError(
+            f"{name}: the fa2 kernels take at most {MAX_GRID_YZ} documents (batch rows) per call, got {documents}; "
+            "split the batch"
+        )
+    if q.shape[-2] > MAX_GRID_YZ:
+        raise ValueError(f"q: the fa2 kernels take at most {MAX_GRID_YZ} heads, got {q.shape[-2]}")
 
 
 def _last_contiguous(x: Tensor) -> Tensor:

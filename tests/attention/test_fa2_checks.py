@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from legalpt.attention import api, fa2, kernels
+from legalpt.attention.masks import MaskSpec
 
 
 def cuda_input(dtype=torch.bfloat16, head_dim=64) -> SimpleNamespace:
@@ -54,3 +55,17 @@ def test_auto_runs_fa2_where_it_builds(capable_machine, monkeypatch):
     assert api._auto(cuda_input()) == "fa2"
     assert api._auto(cuda_input(dtype=torch.float32)) == "reference"
     assert api._auto(cuda_input(head_dim=320)) == "reference"
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_more_documents_than_a_launch_grid_holds_is_refused_before_launch(varlen: bool):
+    documents = fa2.MAX_GRID_YZ + 1
+    if varlen:
+        q = torch.empty(documents, 1, 8)  # (total, H, D): one token per document
+        cu = torch.arange(documents + 1, dtype=torch.int32)
+        args, name = (cu, cu, 1, 1), "cu_seqlens_q"
+    else:
+        q = torch.empty(documents, 1, 1, 8)  # (B, S, H, D)
+        args, name = (None, None, 1, 1), "q"
+    with pytest.raises(ValueError, match=rf"^{name}: the fa2 kernels take at most 65535 documents .* got 65536"):
+        fa2.forward(q, q, q, *args, MaskSpec(), 1.0, 0.0)
