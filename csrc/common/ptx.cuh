@@ -1,13 +1,20 @@
 // Thin wrappers over the PTX instructions the FA2 path is built from: cp.async (global -> shared without
-// registers), ldmatrix (shared -> mma fragments) and mma.sync m16n8k16 with float32 accumulators (sm80+).
+// registers), ldmatrix (shared -> mma fragments) and mma.sync m16n8k16 with float32 accumulators (sm80+). With
+// LEGALPT_EMULATE the same functions run on the CPU, lane by lane (emulate.h).
 #pragma once
 
+#include <cstdint>
+
+#ifdef LEGALPT_EMULATE
+#include "emulate.h"
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cstdint>
+#endif
 
 namespace legalpt {
 
+#ifndef LEGALPT_EMULATE
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -84,6 +91,100 @@ __device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
   atomicAdd(dst + 1, b);
 #endif
 }
+
+#else  // LEGALPT_EMULATE: the same instructions on the CPU (csrc/common/emulate.h)
+inline void cp_async16(void* dst, const void* src, bool valid) {
+  if (valid) {
+    std::memcpy(dst, src, 16);
+  } else {
+    std::memset(dst, 0, 16);
+  }
+}
+inline void cp_async4(void* dst, const void* src, bool valid) {
+  if (valid) {
+    std::memcpy(dst, src, 4);
+  } else {
+    std::memset(dst, 0, 4);
+  }
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
+
+// Matrix m's row r comes from the address lane 8 m + r gave; lane l receives row l / 4, columns 2 (l % 4) and
+// 2 (l % 4) + 1 (with .trans: the transposed matrix's).
+template <bool kTrans>
+inline void ldmatrix_x4_emulated(uint32_t (&r)[4], const void* p) {
+  emu::WarpScratch& s = emu::warp_scratch();
+  const int l = emu::lane();
+  s.address[l] = p;
+  emu::warp_sync();
+  for (int m = 0; m < 4; ++m) {
+    uint16_t lo, hi;
+    if (kTrans) {
+      lo = static_cast<const uint16_t*>(s.address[8 * m + 2 * (l % 4)])[l / 4];
+      hi = static_cast<const uint16_t*>(s.address[8 * m + 2 * (l % 4) + 1])[l / 4];
+    } else {
+      lo = static_cast<const uint16_t*>(s.address[8 * m + l / 4])[2 * (l % 4)];
+      hi = static_cast<const uint16_t*>(s.address[8 * m + l / 4])[2 * (l % 4) + 1];
+    }
+    r[m] = lo | static_cast<uint32_t>(hi) << 16;
+  }
+  emu::warp_sync();
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) { ldmatrix_x4_emulated<false>(r, p); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) { ldmatrix_x4_emulated<true>(r, p); }
+
+template <typename T>
+inline float to_float_bits(uint16_t bits) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(__half{bits});
+  } else {
+    return __bfloat162float(__nv_bfloat16{bits});
+  }
+}
+
+// The fragment layout of mma.m16n8k16 (g = lane / 4, q = lane % 4): A regs {(g, 2q), (g + 8, 2q), (g, 2q + 8),
+// (g + 8, 2q + 8)}, B regs {(2q, g), (2q + 8, g)}, C {(g, 2q), (g, 2q + 1), (g + 8, 2q), (g + 8, 2q + 1)}; each
+// 16-bit register pair holds two adjacent k.
+template <typename T>
+inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  emu::WarpScratch& s = emu::warp_scratch();
+  const int l = emu::lane();
+  for (int i = 0; i < 4; ++i) s.regs[l][i] = a[i];
+  s.regs[l][4] = b0;
+  s.regs[l][5] = b1;
+  emu::warp_sync();
+  auto element = [&](int owner, int reg, int k) {
+    return to_float_bits<T>(static_cast<uint16_t>(s.regs[owner][reg] >> (16 * (k % 2))));
+  };
+  for (int i = 0; i < 4; ++i) {
+    const int row = l / 4 + 8 * (i / 2), col = 2 * (l % 4) + i % 2;
+    float sum = c[i];
+    for (int k = 0; k < 16; ++k) {
+      const float x = element((row % 8) * 4 + (k % 8) / 2, (row / 8) + 2 * (k / 8), k);
+      const float y = element(col * 4 + (k % 8) / 2, 4 + k / 8, k);
+      sum = std::fma(x, y, sum);
+    }
+    c[i] = sum;
+  }
+  emu::warp_sync();
+}
+
+template <typename T>
+inline uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return half_bits_rn(lo) | static_cast<uint32_t>(half_bits_rn(hi)) << 16;
+  } else {
+    return bf16_bits_rn(lo) | static_cast<uint32_t>(bf16_bits_rn(hi)) << 16;
+  }
+}
+
+inline void atomic_add2(float* dst, float a, float b) {  // fibers never interleave inside it
+  dst[0] += a;
+  dst[1] += b;
+}
+#endif
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));

@@ -1,210 +1,37 @@
-// Host side of the FA2 path for one head dimension (LEGALPT_HEAD_DIM, set by the build): turns the tensors that
-// legalpt/attention/fa2.py has checked into Params, launches the kernels on the current stream, and exposes
-// `forward` and `backward` to Python. One extension per head dimension keeps each build small and lets the first
-// use of a head dim compile only what it needs.
+// The CUDA build of the FA2 path for one head dimension: host.h's forward, backward and preprocessing, launched on
+// the current stream of the inputs' device. One extension per head dimension keeps each build small and lets the
+// first use of a head dim compile only what it needs.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <torch/extension.h>
 
-#include "bwd.cuh"
-#include "fwd.cuh"
-
-#ifndef LEGALPT_HEAD_DIM
-#error "build with -DLEGALPT_HEAD_DIM=<32|64|96|128|192|256>"
-#endif
+#include "host.h"
 
 namespace legalpt::fa2 {
 namespace {
 
-constexpr int kHeadDim = LEGALPT_HEAD_DIM;
+// Launches on the current stream of the device it was made for (which it selects while it lives).
+struct CudaLaunch {
+  c10::cuda::CUDAGuard guard;
+  explicit CudaLaunch(const at::Device& device) : guard(device) {}
 
-Tensor4 view(const at::Tensor& t) {  // (B, S, H, D) or (total, H, D)
-  if (t.dim() == 4) return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
-  return {t.data_ptr(), 0, t.stride(0), t.stride(1)};
-}
-
-const int* optional_int_ptr(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? t->data_ptr<int>() : nullptr;
-}
-
-// Everything both directions read: inputs, documents, scaling, mask and schedule.
-Params common_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
-                     const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
-                     int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
-                     const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale,
-                     double softcap) {
-  Params p{};
-  p.q = view(q);
-  p.k = view(k);
-  p.v = view(v);
-  p.lse = lse.data_ptr<float>();
-  const bool packed = q.dim() == 3;
-  p.lse_batch_stride = packed ? 0 : lse.stride(0);
-  p.lse_head_stride = packed ? lse.stride(0) : lse.stride(1);
-  p.cu_seqlens_q = optional_int_ptr(cu_q);
-  p.cu_seqlens_k = optional_int_ptr(cu_k);
-  p.seqlen_q = static_cast<int>(max_q);
-  p.seqlen_k = static_cast<int>(max_k);
-  p.heads = static_cast<int>(q.size(-2));
-  p.kv_group = static_cast<int>(q.size(-2) / k.size(-2));
-  p.softcap = static_cast<float>(softcap);
-  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  p.softcap_inv_scale = softcap > 0 ? static_cast<float>(scale / softcap) : 0.f;
-  p.ds_scale = static_cast<float>(scale);
-  // mask = [causal, left, right, global_tokens, dilation, layout_bq, layout_bk]
-  p.mask.causal = static_cast<int>(mask[0]);
-  p.mask.left = static_cast<int>(mask[1]);
-  p.mask.right = static_cast<int>(mask[2]);
-  p.mask.global_tokens = static_cast<int>(mask[3]);
-  p.mask.dilation = static_cast<int>(mask[4]);
-  p.mask.layout_bq = static_cast<int>(mask[5]);
-  p.mask.layout_bk = static_cast<int>(mask[6]);
-  if (layout.has_value()) {  // uint8 (Lb, Lh, nq, nk), contiguous
-    p.mask.layout = layout->data_ptr<uint8_t>();
-    p.mask.layout_stride_b = layout->size(0) > 1 ? layout->stride(0) : 0;
-    p.mask.layout_stride_h = layout->size(1) > 1 ? layout->stride(1) : 0;
-    p.mask.layout_stride_q = layout->stride(2);
-  }
-  p.schedule.counts = counts.data_ptr<int>();
-  p.schedule.indices = indices.data_ptr<int>();
-  p.schedule.stride_b = counts.size(0) > 1 ? counts.size(1) * counts.size(2) : 0;
-  p.schedule.stride_h = counts.size(1) > 1 ? counts.size(2) : 0;
-  p.schedule.cols = static_cast<int>(indices.size(3));
-  return p;
-}
-
-template <typename Kernel>
-void launch(Kernel kernel, dim3 grid, int threads, int smem, const Params& p) {
-  if (smem > 48 * 1024) C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<grid, threads, smem, at::cuda::getCurrentCUDAStream()>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-template <typename T>
-struct Tag {
-  using type = T;
-};
-
-// Calls f(Tag<element type>, std::bool_constant<general>): the kernels are instantiated per element type and for
-// general masks (softcap, dilation, block layout) apart from the rest (csrc/fa2/fwd.cuh says why).
-template <typename F>
-void dispatch(const at::Tensor& q, const Params& p, F&& f) {
-  const bool general = p.softcap > 0.f || p.mask.dilation > 1 || p.mask.layout != nullptr;
-  auto with_type = [&](auto tag) {
-    if (general) {
-      f(tag, std::true_type{});
-    } else {
-      f(tag, std::false_type{});
+  template <typename Args>
+  void operator()(void (*kernel)(Args), dim3 grid, int threads, int smem, const Args& args) const {
+    if (smem > 48 * 1024) {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     }
-  };
-  if (q.scalar_type() == at::kBFloat16) {
-    with_type(Tag<__nv_bfloat16>{});
-  } else {
-    with_type(Tag<__half>{});
+    kernel<<<grid, threads, smem, at::cuda::getCurrentCUDAStream()>>>(args);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-}
-
-int documents(const at::Tensor& q, const std::optional<at::Tensor>& cu_q) {
-  return static_cast<int>(cu_q.has_value() ? cu_q->size(0) - 1 : q.size(0));
-}
-
-void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-             const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
-             int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
-             const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale, double softcap) {
-  TORCH_CHECK(q.size(-1) == kHeadDim, "fa2 extension for head_dim ", kHeadDim, " got ", q.size(-1));
-  const c10::cuda::CUDAGuard guard(q.device());
-  Params p = common_params(q, k, v, lse, cu_q, cu_k, max_q, max_k, counts, indices, layout, mask, scale, softcap);
-  p.o = view(out);
-  constexpr int kRows = FwdTraits<__half, kHeadDim>::kBlockM;
-  const dim3 grid((max_q + kRows - 1) / kRows, documents(q, cu_q), p.heads);
-  dispatch(q, p, [&](auto tag, auto general) {
-    using T = typename decltype(tag)::type;
-    using Tr = FwdTraits<T, kHeadDim>;
-    launch(fwd_kernel<T, kHeadDim, decltype(general)::value>, grid, Tr::kThreads, Tr::kSmem, p);
-  });
-}
-
-void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-              const at::Tensor& lse_log2, const at::Tensor& delta, at::Tensor& dq_accum, at::Tensor& dk, at::Tensor& dv,
-              const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
-              int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
-              const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale, double softcap,
-              const at::Tensor& dq_counts, const at::Tensor& dq_indices, bool deterministic) {
-  TORCH_CHECK(q.size(-1) == kHeadDim, "fa2 extension for head_dim ", kHeadDim, " got ", q.size(-1));
-  const c10::cuda::CUDAGuard guard(q.device());
-  Params p =
-      common_params(q, k, v, lse_log2, cu_q, cu_k, max_q, max_k, counts, indices, layout, mask, scale, softcap);
-  p.o = view(dout);
-  p.deterministic = deterministic;
-  p.lse_log2 = lse_log2.data_ptr<float>();
-  p.delta = delta.data_ptr<float>();
-  p.dq_accum = view(dq_accum);
-  p.dk = view(dk);
-  p.dv = view(dv);
-  constexpr int kKeys = BwdTraits<__half, kHeadDim>::kBlockN;
-  const dim3 grid((max_k + kKeys - 1) / kKeys, documents(q, cu_q), k.size(-2));
-  dispatch(q, p, [&](auto tag, auto general) {
-    using T = typename decltype(tag)::type;
-    using Tr = BwdTraits<T, kHeadDim>;
-    launch(bwd_kernel<T, kHeadDim, decltype(general)::value>, grid, Tr::kThreads, Tr::kSmem, p);
-  });
-  if (!deterministic) return;
-  // dQ over the forward schedule (dq_counts, dq_indices: the forward's tiles)
-  Params pq = common_params(q, k, v, lse_log2, cu_q, cu_k, max_q, max_k, dq_counts, dq_indices, layout, mask,
-                            scale, softcap);
-  pq.o = p.o;
-  pq.lse_log2 = p.lse_log2;
-  pq.delta = p.delta;
-  pq.dq_accum = p.dq_accum;
-  constexpr int kDqRows = DqTraits<__half, kHeadDim>::kBlockM;
-  const dim3 dq_grid((max_q + kDqRows - 1) / kDqRows, documents(q, cu_q), p.heads);
-  dispatch(q, pq, [&](auto tag, auto general) {
-    using T = typename decltype(tag)::type;
-    using Tr = DqTraits<T, kHeadDim>;
-    launch(dq_kernel<T, kHeadDim, decltype(general)::value>, dq_grid, Tr::kThreads, Tr::kSmem, pq);
-  });
-}
-
-void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& lse,
-             const std::optional<at::Tensor>& dlse, at::Tensor& lse_log2, at::Tensor& delta) {
-  const c10::cuda::CUDAGuard guard(out.device());
-  const bool packed = out.dim() == 3;
-  PrepArgs a{};
-  a.out = view(out);
-  a.dout = view(dout);
-  a.lse = lse.data_ptr<float>();
-  a.dlse = dlse.has_value() ? dlse->data_ptr<float>() : nullptr;
-  a.lse_log2 = lse_log2.data_ptr<float>();
-  a.delta = delta.data_ptr<float>();
-  a.lse_batch_stride = packed ? 0 : lse.stride(0);
-  a.lse_head_stride = packed ? lse.stride(0) : lse.stride(1);
-  a.seqlen_q = packed ? 0 : static_cast<int>(out.size(1));
-  a.rows = static_cast<int>(packed ? out.size(0) : out.size(0) * out.size(1));
-  a.heads = static_cast<int>(out.size(-2));
-  a.head_dim = static_cast<int>(out.size(-1));
-  constexpr int kWarps = 8;
-  const int64_t blocks = (static_cast<int64_t>(a.rows) * a.heads + kWarps - 1) / kWarps;
-  if (blocks == 0) return;
-  auto stream = at::cuda::getCurrentCUDAStream();
-  if (out.scalar_type() == at::kBFloat16) {
-    bwd_prep_kernel<__nv_bfloat16><<<blocks, kWarps * 32, 0, stream>>>(a);
-  } else {
-    bwd_prep_kernel<__half><<<blocks, kWarps * 32, 0, stream>>>(a);
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
+};
 
 }  // namespace
 }  // namespace legalpt::fa2
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.attr("head_dim") = legalpt::fa2::kHeadDim;
-  using Fwd = legalpt::fa2::FwdTraits<__half, legalpt::fa2::kHeadDim>;
-  using Bwd = legalpt::fa2::BwdTraits<__half, legalpt::fa2::kHeadDim>;
-  m.attr("fwd_tile") = pybind11::make_tuple(Fwd::kBlockM, Fwd::kBlockN);  // (query rows, keys) per forward tile
-  m.attr("bwd_tile") = pybind11::make_tuple(Bwd::kBlockM, Bwd::kBlockN);  // (query rows, keys) per backward tile
-  m.def("forward", &legalpt::fa2::forward, "FA2 attention forward (writes out and lse)");
-  m.def("prepare", &legalpt::fa2::prepare, "backward preprocessing: delta = rowsum(dO * O) - dlse, lse in log2");
-  m.def("backward", &legalpt::fa2::backward, "FA2 attention backward (accumulates dq_accum, writes dk and dv)");
+  using legalpt::fa2::CudaLaunch;
+  namespace host = legalpt::fa2::host;
+  host::add_attributes(m);
+  m.def("forward", &host::forward<CudaLaunch>, "FA2 attention forward (writes out and lse)");
+  m.def("prepare", &host::prepare<CudaLaunch>, "backward preprocessing: delta = rowsum(dO * O) - dlse, lse in log2");
+  m.def("backward", &host::backward<CudaLaunch>, "FA2 attention backward (accumulates dq_accum, writes dk and dv)");
 }

@@ -32,10 +32,7 @@ def check(q: Tensor) -> None:
     """
     if q.device.type != "cuda":
         raise ValueError(f"backend: fa2 cannot run here: it needs a CUDA device and the inputs are on {q.device.type}")
-    if q.dtype not in DTYPES:
-        raise ValueError(f"q: the fa2 backend supports bfloat16 and float16, got {q.dtype}")
-    if kernels.padded_head_dim(q.shape[-1]) is None:
-        raise ValueError(f"q: the fa2 backend supports head_dim <= {kernels.HEAD_DIMS[-1]}, got {q.shape[-1]}")
+    check_inputs(q)
     if torch.compiler.is_compiling():
         return
     reason = kernels.unavailable_reason(q.device)
@@ -45,6 +42,14 @@ def check(q: Tensor) -> None:
         kernels.fa2(kernels.padded_head_dim(q.shape[-1]))
     except RuntimeError as error:
         raise ValueError(f"backend: fa2 cannot run here: {error}") from error
+
+
+def check_inputs(q: Tensor) -> None:
+    """The part of `check` about the inputs alone (dtype, head dim), whatever the device."""
+    if q.dtype not in DTYPES:
+        raise ValueError(f"q: the fa2 backend supports bfloat16 and float16, got {q.dtype}")
+    if kernels.padded_head_dim(q.shape[-1]) is None:
+        raise ValueError(f"q: the fa2 backend supports head_dim <= {kernels.HEAD_DIMS[-1]}, got {q.shape[-1]}")
 
 
 def forward(

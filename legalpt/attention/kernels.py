@@ -5,6 +5,9 @@ Nothing here runs at import. The first use of a head dimension builds its extens
 a hash of every file under csrc/, so an edited kernel is rebuilt and a stale build is never loaded.
 `legalpt-build-kernels` builds every head dimension ahead of time, in parallel.
 
+`fa2_emulated` builds the same kernels for the CPU (csrc/common/emulate.h: each CUDA thread a fiber), so that
+tests check their index math, masks and barriers on machines without a GPU.
+
 Environment: LEGALPT_KERNEL_CACHE (the cache folder; default ~/.cache/legalpt/kernels), LEGALPT_CUDA_ARCHS
 (compute capabilities to build, default "80;90": sm_80 machine code runs on Ampere and Ada, sm_90 on Hopper).
 """
@@ -31,6 +34,7 @@ CACHE_ENV = "LEGALPT_KERNEL_CACHE"
 ARCHS_ENV = "LEGALPT_CUDA_ARCHS"
 _loaded: dict[int, ModuleType] = {}
 _build_errors: dict[int, str] = {}
+_emulated: dict[int, ModuleType] = {}
 
 
 def padded_head_dim(head_dim: int) -> int | None:
@@ -89,6 +93,25 @@ def _build(head_dim: int) -> ModuleType:
         build_directory=str(build_dir),
         verbose=False,
     )
+
+
+def fa2_emulated(head_dim: int) -> ModuleType:
+    """The FA2 kernels of one head dim compiled for the CPU (same signatures as `fa2`'s; they take CPU tensors)."""
+    if head_dim not in _emulated:
+        from torch.utils.cpp_extension import load
+
+        name = f"legalpt_fa2_emulated_hdim{head_dim}_{_source_hash()}"
+        build_dir = cache_dir() / name
+        build_dir.mkdir(parents=True, exist_ok=True)
+        flags = ["-O1", "-std=c++20", "-Wno-unknown-pragmas", "-DLEGALPT_EMULATE", f"-DLEGALPT_HEAD_DIM={head_dim}"]
+        _emulated[head_dim] = load(
+            name=name,
+            sources=[str(CSRC / "fa2" / "emulated.cpp")],
+            extra_cflags=flags,
+            build_directory=str(build_dir),
+            verbose=False,
+        )
+    return _emulated[head_dim]
 
 
 def cache_dir() -> Path:

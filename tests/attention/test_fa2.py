@@ -9,6 +9,8 @@ Dry run without a GPU, to test the tests on the reference backend, from the repo
 long sequences, 1023 and 2048, to a few blocks; by default they are the full list):
     export LEGALPT_FA2_TEST_BACKEND=reference LEGALPT_FA2_TEST_DEVICE=cpu LEGALPT_FA2_TEST_QUICK=1
     pytest tests/attention/test_fa2.py
+With LEGALPT_FA2_TEST_BACKEND=fa2-emulated the fa2 kernels themselves run, compiled for the CPU
+(csrc/common/emulate.h): their logic without a GPU, slowly (pick cases with -k), and without races or timing.
 """
 
 from __future__ import annotations
@@ -25,10 +27,20 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from legalpt.attention import BACKEND_ENV, flash_attn_func, flash_attn_varlen_func, get_backend, set_backend
+from legalpt.attention import (
+    BACKEND_ENV,
+    fa2,
+    flash_attn_func,
+    flash_attn_varlen_func,
+    get_backend,
+    kernels,
+    set_backend,
+)
 
-BACKEND = os.environ.get("LEGALPT_FA2_TEST_BACKEND", "fa2")
-DEVICE = torch.device(os.environ.get("LEGALPT_FA2_TEST_DEVICE", "cuda"))
+MODE = os.environ.get("LEGALPT_FA2_TEST_BACKEND", "fa2")  # fa2 | fa2-emulated | reference
+EMULATED = MODE == "fa2-emulated"
+BACKEND = "fa2" if EMULATED else MODE
+DEVICE = torch.device(os.environ.get("LEGALPT_FA2_TEST_DEVICE", "cpu" if EMULATED else "cuda"))
 QUICK = os.environ.get("LEGALPT_FA2_TEST_QUICK", "") == "1"
 
 
@@ -38,8 +50,8 @@ def _unmarked(test):
 
 
 # Per test rather than a module-wide pytestmark, since test_fa2_refuses_cpu_tensors must run without a GPU.
-gpu = pytest.mark.cuda if BACKEND == "fa2" else _unmarked
-only_fa2 = pytest.mark.skipif(BACKEND != "fa2", reason="fa2's own limits; the reference backend accepts this input")
+gpu = pytest.mark.cuda if MODE == "fa2" else _unmarked
+only_fa2 = pytest.mark.skipif(MODE != "fa2", reason="fa2's own limits on a GPU; this backend accepts this input")
 
 DTYPES = (torch.bfloat16, torch.float16)
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -116,6 +128,14 @@ def _cases() -> list[Case]:
         Case("none", torch.float16, 256, (1, 239), (4, 4), softcap=SOFTCAP),
     ]
     return cases
+
+
+@pytest.fixture(autouse=True)
+def _emulated_kernels(monkeypatch) -> None:
+    """fa2-emulated: the fa2 backend runs its kernels' CPU build; of its checks only those of the inputs apply."""
+    if EMULATED:
+        monkeypatch.setattr(fa2, "check", fa2.check_inputs)
+        monkeypatch.setattr(kernels, "fa2", kernels.fa2_emulated)
 
 
 @pytest.fixture(autouse=True)

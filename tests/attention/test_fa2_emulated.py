@@ -1,0 +1,96 @@
+"""The fa2 kernels' own source, compiled for the CPU (csrc/common/emulate.h), against naive float64 attention.
+
+Runs without a GPU: every CUDA thread is a fiber and the warp-collective instructions are emulated lane by lane, so
+these tests check the kernels' index math, tile schedules, masks, fragment layouts and GQA/varlen addressing on any
+machine with a C++ compiler. They cannot see races or timing (fibers switch only at barriers and collectives, and
+copies are synchronous); tests/attention/test_fa2.py on a GPU covers those. The cases are small and chosen to reach
+every instantiation: the plain and general (softcap, dilation, layout) kernels, the 32- and 64-key forward tiles,
+one and two row tiles per warp, the split backward of head dims over 128, the deterministic dQ pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+
+import pytest
+import torch
+from attention_helpers import assert_flash_attn_rule, naive_attention
+from torch.utils.cpp_extension import is_ninja_available
+
+from legalpt.attention import fa2, flash_attn_func, flash_attn_varlen_func, kernels
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("c++") is None or not is_ninja_available(), reason="building the emulation needs c++ and ninja"
+)
+
+CASES = {  # name: (head_dim, dtype, (Sq, Sk), (heads, kv heads), mask keyword arguments)
+    "causal-d64-gqa": (64, torch.bfloat16, (130, 130), (4, 2), {"causal": True}),
+    "global-window-d128-unequal": (
+        128, torch.float16, (113, 203), (2, 1), {"window_size": (32, 17), "global_tokens": 5},
+    ),
+    "causal-rows-without-keys-d128": (128, torch.bfloat16, (150, 90), (2, 2), {"causal": True}),
+    "dilation-d128": (128, torch.bfloat16, (200, 200), (2, 2), {"causal": True, "window_size": (96, 0), "dilation": 3}),
+    "layout-d64": (
+        64, torch.bfloat16, (150, 150), (2, 2), {"causal": True, "block_layout": True, "block_size": (48, 80)},
+    ),
+    "softcap-d128": (128, torch.bfloat16, (129, 129), (2, 1), {"causal": True, "softcap": 30.0, "softmax_scale": 0.5}),
+    "dense-d256": (256, torch.bfloat16, (100, 100), (2, 2), {}),
+    "dense-d96-mqa": (96, torch.float16, (70, 70), (3, 1), {}),
+    "causal-d128-deterministic": (128, torch.float16, (140, 140), (2, 2), {"causal": True, "deterministic": True}),
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _emulated_kernels(monkeypatch):
+    """The fa2 backend with its kernels' CPU build: the device and build checks are the GPU's, so only the
+    input checks stay."""
+    monkeypatch.setattr(fa2, "check", fa2.check_inputs)
+    monkeypatch.setattr(kernels, "fa2", kernels.fa2_emulated)
+
+
+def _check(q, k, v, kw: dict, cu: tuple | None = None) -> None:
+    """out, lse, dq, dk, dv by flash-attn's rule against float64 (2x, 3x for gradients, the error of plain PyTorch
+    in the same precision); rows that see no key: out 0 and lse -inf."""
+    if cu is None:
+        out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, backend="fa2", **kw)
+    else:
+        out, lse, _ = flash_attn_varlen_func(q, k, v, *cu, return_attn_probs=True, backend="fa2", **kw)
+    naive = {("window" if key == "window_size" else key): value for key, value in kw.items() if key != "deterministic"}
+    if cu is not None:
+        naive.update(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1])
+    exact_out, exact_lse = naive_attention(q, k, v, **naive)
+    plain_out, _ = naive_attention(q, k, v, dtype=q.dtype, **naive)
+    seen = torch.isfinite(exact_lse)
+    assert torch.equal(torch.isneginf(lse), ~seen), "lse must be -inf exactly on the rows that see no key"
+    assert (out[(~seen).transpose(-1, -2)] == 0).all(), "rows that see no key must be 0"
+    assert_flash_attn_rule("out", out, exact_out, plain_out, ratio=2, atol=1e-5)
+    assert (lse[seen] - exact_lse[seen]).abs().max() < 1e-4
+    g = torch.randn_like(exact_out)
+    grads = torch.autograd.grad((out.double() * g).sum(), (q, k, v))
+    exact = torch.autograd.grad((exact_out * g).sum(), (q, k, v))
+    plain = torch.autograd.grad((plain_out.double() * g).sum(), (q, k, v))
+    for name, *triple in zip("qkv", grads, exact, plain, strict=True):
+        assert_flash_attn_rule(f"d{name}", *triple, ratio=3, atol=3e-5)
+
+
+def _qkv(q_shape: tuple, kv_shape: tuple, dtype: torch.dtype) -> tuple:
+    return tuple(torch.randn(s, dtype=dtype).requires_grad_() for s in (q_shape, kv_shape, kv_shape))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_emulated_kernels_match_naive(case: str, rng):
+    head_dim, dtype, (sq, sk), (heads, kv_heads), kw = CASES[case]
+    kw = dict(kw)
+    q, k, v = _qkv((2, sq, heads, head_dim), (2, sk, kv_heads, head_dim), dtype)
+    if kw.pop("block_layout", False):
+        bq, bk = kw["block_size"]
+        kw["block_layout"] = torch.rand(heads, -(-sq // bq), -(-sk // bk)) < 0.6
+    _check(q, k, v, kw)
+
+
+def test_emulated_varlen_with_an_empty_document(rng):
+    lens_q, lens_k = [70, 1, 0, 130], [90, 1, 40, 130]
+    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (lens_q, lens_k))
+    q, k, v = _qkv((sum(lens_q), 4, 64), (sum(lens_k), 2, 64), torch.bfloat16)
+    _check(q, k, v, {"causal": True, "window_size": (48, 0)}, (cu_q, cu_k, max(lens_q), max(lens_k)))
