@@ -1,6 +1,7 @@
 // CPU emulation of the CUDA features the FA2 kernels use, so that the same kernel source runs on a CPU when it is
 // compiled with -DLEGALPT_EMULATE (tests/attention/test_fa2_emulated.py). Its purpose is checking the kernels'
-// index math, masking and synchronization without a GPU; it is slow and meant for tiny shapes.
+// index math, fragment layouts, masks and barrier structure without a GPU; it is slow, meant for tiny shapes, and
+// blind to races (fibers switch only at barriers and collectives, and cp.async copies are synchronous).
 //
 // Each CUDA thread of a block is a fiber (ucontext) on one OS thread. __syncthreads and the warp-collective
 // instructions (ldmatrix, mma.sync, shuffles) are barriers between fibers; the collectives exchange their operands
@@ -10,10 +11,10 @@
 
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
