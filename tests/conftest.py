@@ -29,3 +29,27 @@ def rng() -> random.Random:
     print(f"seed={seed}")
     torch.manual_seed(seed)
     return random.Random(seed)
+
+
+@pytest.fixture
+def train_until_first_checkpoint(monkeypatch):
+    """A function of a train config: runs legalpt.train.trainer.train on it until the first checkpoint is saved,
+    then stops it there as a killed process would stop (tests of resuming call train again)."""
+    import legalpt.train.trainer as trainer
+
+    class Interrupted(Exception):
+        pass
+
+    def run(cfg) -> None:
+        real_save = trainer.save_checkpoint
+
+        def save_then_die(*args, **kwargs):
+            real_save(*args, **kwargs)
+            raise Interrupted
+
+        monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
+        with pytest.raises(Interrupted):
+            trainer.train(cfg)
+        monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+
+    return run

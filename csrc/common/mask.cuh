@@ -3,7 +3,7 @@
 //
 // `row_mask` folds everything that depends only on the query row (its position, causal limit, window bounds,
 // whether it is a global token) into a few integers once per row, so that testing a key is two or three
-// comparisons (`allowed`); `visible` is the same rule for one (row, key) pair.
+// comparisons (`allowed`).
 #pragma once
 
 #include <climits>
@@ -54,11 +54,6 @@ __device__ __forceinline__ bool allowed(const MaskParams& m, const RowMask& r, i
                                                 (i / m.layout_bq) * m.layout_stride_q + j / m.layout_bk] != 0);
   }
   return ok;
-}
-
-// May query i see key j of the same document (document lengths lq, lk; b = document, h = query head)?
-__device__ __forceinline__ bool visible(const MaskParams& m, int i, int j, int lq, int lk, int b, int h) {
-  return allowed<true>(m, row_mask(m, i, lq, lk), i, j, b, h);
 }
 
 }  // namespace legalpt

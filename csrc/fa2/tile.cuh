@@ -76,9 +76,4 @@ __device__ __forceinline__ float tanh_accurate(float x) {
   return 1.f - 2.f / (e + 1.f);
 }
 
-// Raw q.k scores -> log2-domain logits: scale (and cap) them so that softmax(x) = exp2(x - max) / sum.
-__device__ __forceinline__ float logit_log2(const Params& p, float s) {
-  return p.softcap > 0.f ? p.softcap * kLog2e * tanh_accurate(s * p.softcap_inv_scale) : s * p.scale_log2;
-}
-
 }  // namespace legalpt::fa2

@@ -244,7 +244,7 @@ def test_bad_arguments_are_named(tmp_path, tokenizer, rng):
         prepare_stream(DataConfig(paths=[str(tmp_path / "corpus")], stream_heldout_rows=-1))
 
 
-def test_streaming_training_resumes_like_an_uninterrupted_run(tmp_path, monkeypatch):
+def test_streaming_training_resumes_like_an_uninterrupted_run(tmp_path, train_until_first_checkpoint):
     import legalpt.train.trainer as trainer
     from legalpt.config import compose
     from legalpt.train.checkpoint import latest_checkpoint
@@ -258,19 +258,7 @@ def test_streaming_training_resumes_like_an_uninterrupted_run(tmp_path, monkeypa
 
     straight = trainer.train(compose("train", overrides("a")))
 
-    class Interrupted(Exception):
-        pass
-
-    real_save = trainer.save_checkpoint
-
-    def save_then_die(*args, **kwargs):
-        real_save(*args, **kwargs)
-        raise Interrupted
-
-    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
-    with pytest.raises(Interrupted):
-        trainer.train(compose("train", overrides("b")))
-    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    train_until_first_checkpoint(compose("train", overrides("b")))
     checkpoint = latest_checkpoint(tmp_path / "b")
     assert checkpoint.name == "step_000002" and (checkpoint / "data_state_rank0.json").is_file()
 

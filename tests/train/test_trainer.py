@@ -90,22 +90,10 @@ def test_gradient_accumulation_counts_every_micro_batch(tmp_path):
     assert accumulated.eval_losses[-1][1] < accumulated.eval_losses[0][1]
 
 
-def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch):
+def test_resumed_run_equals_uninterrupted_run(tmp_path, train_until_first_checkpoint):
     straight = trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path / 'a'}")))
 
-    class Interrupted(Exception):
-        pass
-
-    real_save = trainer.save_checkpoint
-
-    def save_then_die(*args, **kwargs):
-        real_save(*args, **kwargs)
-        raise Interrupted
-
-    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
-    with pytest.raises(Interrupted):
-        trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path / 'b'}")))
-    monkeypatch.setattr(trainer, "save_checkpoint", real_save)
+    train_until_first_checkpoint(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path / 'b'}")))
     assert latest_checkpoint(tmp_path / "b").name == "step_000003"
 
     resumed = trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path / 'b'}")))
