@@ -1,12 +1,15 @@
 // FA2 backward: one thread block per (key tile, document, key head), accumulating dK and dV in registers while
 // it visits the query tiles of every query head of its group (GQA costs no extra dK/dV memory or reduction).
-//
-// 8 warps. Each owns 16 keys: 128 keys per block up to D = 128; over 128, 64 keys and the dK/dV columns split in
-// two halves. For dQ the 8 warps split the query tile into 4 row groups x 2 column halves.
 // Per visited query tile, recomputed from Q, K and the saved logsumexp:
-//   S^T = K Q^T, P^T = exp2(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - delta) * d(logit)/d(q.k)
-//   dV += P^T dO, dK += dS^T Q   (A operands straight from registers)
-//   dQ += dS K                   (dS^T through shared memory; float32 atomics into dq_accum)
+//   S = Q K^T, P = exp2(S - lse), dP = dO V^T, dS = P (dP - delta) * d(logit)/d(q.k)
+//   dV += P^T dO, dK += dS^T Q, dQ += dS K   (dQ: float32 atomics into dq_accum)
+// 8 warps, in one of two layouts (BwdTraits::kTwoLevel):
+// - two-level, head dims 64 and 128 (FA2's layout): S and dP over 2 x 4 warps of 32 queries x 32 keys; P and dS go
+//   through shared memory; then dK/dV over 4 x 2 warps of 32 keys x D/2 and dQ over 2 x 4 warps of 32 rows x D/4.
+//   Each fragment read from shared memory serves two m16 tiles, and a query tile costs 2 barriers.
+// - one-level, the other head dims: each warp owns 16 keys; S^T and dP^T stay in registers as the A operands of dV
+//   and dK, and dS^T goes through shared memory for dQ (4 row groups x 2 column halves). Over D = 128, 64 keys
+//   per block and the dK/dV columns split in two halves.
 // With `deterministic`, dQ comes instead from `dq_kernel`: one block per query tile that owns its rows of dQ and
 // adds the key tiles in a fixed order (S and dP are computed twice, the price of bitwise-repeatable gradients).
 #pragma once
@@ -17,16 +20,21 @@ namespace legalpt::fa2 {
 
 template <typename T, int D>
 struct BwdTraits {
-  static constexpr int kBlockM = 64;                // query rows per visited tile
-  static constexpr int kParts = D > 128 ? 2 : 1;    // column split of dK/dV: 16 x D/parts float accumulators per warp
-  static constexpr int kKeyWarps = 8 / kParts;      // warps along the keys, 16 keys each
-  static constexpr int kBlockN = 16 * kKeyWarps;    // keys per block: 128 (64 over D = 128), so that a Q/dO copy
-                                                    // and a dQ atomic serve twice the keys
+  static constexpr bool kTwoLevel = D == 64 || D == 128;  // dQ's D/4 columns per warp need D % 64 == 0
+  static constexpr int kBlockM = 64;                       // query rows per visited tile
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  // K, V; Q, dO, logsumexp and delta twice (the next query tile loads while this one computes); dS^T
-  static constexpr int kSmem = 2 * kBlockN * (D + 8) * sizeof(T) + 2 * (2 * kBlockM * (D + 8) * sizeof(T) +
-                               2 * kBlockM * sizeof(float)) + kBlockN * (kBlockM + 8) * sizeof(T);
+  static constexpr int kKeysPerWarp = kTwoLevel ? 32 : 16;         // dK/dV rows per warp
+  static constexpr int kColParts = kTwoLevel || D > 128 ? 2 : 1;   // dK/dV column split: D/parts accumulators a key
+  static constexpr int kKeyWarps = kWarps / kColParts;
+  static constexpr int kBlockN = kKeysPerWarp * kKeyWarps;  // keys per block: 128 up to D = 128, so that a Q/dO copy
+                                                            // and a dQ atomic serve many keys; 64 over
+  // the score gradients' scratch: P and dS, (BM, BN + 8) each, when two-level; else dS^T, (BN, BM + 8)
+  static constexpr int kScratch = kTwoLevel ? 2 * kBlockM * (kBlockN + 8) : kBlockN * (kBlockM + 8);
+  // K, V; Q, dO, logsumexp and delta twice (the next query tile loads while this one computes); the scratch
+  static constexpr int kSmem = 2 * kBlockN * (D + 8) * sizeof(T) +
+                               2 * (2 * kBlockM * (D + 8) * sizeof(T) + 2 * kBlockM * sizeof(float)) +
+                               kScratch * sizeof(T);
 };
 
 // P and dS of one score s = q.k (raw), in place: s <- p = exp2(logit - lse), dp <- dS = p (dp - delta) dlogit/d(q.k).
@@ -50,6 +58,7 @@ __device__ __forceinline__ void score_grads(const Params& p, float& s, float& dp
 // The (query head, query tile) pairs a key tile visits, in order: every head of the group, each head's schedule row.
 struct BwdWork {
   int g, t;  // group member, position in its visit list; g == kv_group when done
+  int tile;  // the query tile, vis.tiles[t]: read when advancing, an iteration before the copy that needs it
   Visits vis;
 };
 
@@ -59,10 +68,11 @@ __device__ __forceinline__ void advance(const Params& p, BwdWork& w, int b, int 
     w.t = 0;
     w.vis = visits(p.schedule, b, hk * p.kv_group + w.g, n_blk);
   }
+  if (w.g < p.kv_group) w.tile = w.vis.tiles[w.t];
 }
 
-// The element rule on a partial S^T / dP^T tile of a warp (16 keys from `key0` x BM queries from `q0`): P and dS
-// become 0 where the mask removes the score. One row mask per query column serves the thread's two keys.
+// The element rule on a warp's partial S^T / dP^T tile in one-level (16 keys from `key0` x BM queries from `q0`):
+// P and dS become 0 where the mask removes the score. One row mask per query column serves the thread's two keys.
 template <bool kGeneral, int BM>
 __device__ __forceinline__ void mask_transposed(const Params& p, float (&st)[BM / 8][4], float (&dpt)[BM / 8][4],
                                                 int q0, int key0, const Document& doc, int b, int h) {
@@ -79,45 +89,295 @@ __device__ __forceinline__ void mask_transposed(const Params& p, float (&st)[BM 
     }
 }
 
-// The same for a warp's (16 query rows from `i0`, BN keys from `j0`) dS tile in dq_kernel: dS becomes 0.
-template <bool kGeneral, int BN>
-__device__ __forceinline__ void mask_rows(const Params& p, float (&ds)[BN / 8][4], int i0, int j0,
-                                          const Document& doc, int b, int h) {
+// The same for a warp's (16 query rows from `i0`, N keys from `j0`) tile of scores in row layout: `zero(n, c)` is
+// called for each score [n][c] that the mask removes.
+template <bool kGeneral, int N, typename Zero>
+__device__ __forceinline__ void mask_rows(const Params& p, int i0, int j0, const Document& doc, int b, int h,
+                                          Zero zero) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = i0 + lane / 4 + 8 * r;
     const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
 #pragma unroll
-    for (int n = 0; n < BN / 8; ++n)
+    for (int n = 0; n < N / 8; ++n)
 #pragma unroll
       for (int c = 0; c < 2; ++c)
-        if (!allowed<kGeneral>(p.mask, rm, i, j0 + 2 * (lane % 4) + 8 * n + c, b, h)) ds[n][2 * r + c] = 0.f;
+        if (!allowed<kGeneral>(p.mask, rm, i, j0 + 2 * (lane % 4) + 8 * n + c, b, h)) zero(n, 2 * r + c);
   }
+}
+
+// What every warp of a backward block shares: the key tile in shared memory, the score gradients' scratch.
+template <typename T>
+struct BwdBlock {
+  Document doc;
+  int b, n_blk;
+  const T* sK;  // (BN, D + 8)
+  const T* sV;  // (BN, D + 8)
+  T* scratch;   // BwdTraits::kScratch
+};
+
+// One visited query tile: its stage in shared memory, its head and position.
+template <typename T>
+struct BwdTile {
+  const T* sQ;           // (BM, D + 8)
+  const T* sdO;          // (BM, D + 8)
+  const float* sLse;     // (BM) log2 domain
+  const float* sDelta;   // (BM)
+  int h, m_blk;
+  bool partial;          // the mask cuts through the tile: apply the element rule
+};
+
+// dQ rows of a warp into dq_accum: MT m16 tiles from row i0 (within the document), DQ columns from dq0.
+template <int MT, int DQ>
+__device__ __forceinline__ void add_dq(const Params& p, const float (&dq)[MT][DQ / 8][4], const Document& doc, int b,
+                                       int h, int i0, int dq0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = i0 + 16 * m + lane / 4 + 8 * r;
+      if (i >= doc.lq) continue;
+      float* out = row_ptr<float>(p.dq_accum, b, doc.q_start, i, h) + dq0 + 2 * (lane % 4);
+#pragma unroll
+      for (int n = 0; n < DQ / 8; ++n) atomic_add2(out + 8 * n, dq[m][n][2 * r], dq[m][n][2 * r + 1]);
+    }
+}
+
+// Two-level, first part: S and dP of the warp's 32 queries x 32 keys, P and dS into the scratch, then dV and dK of
+// its 32 keys x D/2 columns.
+template <typename T, int D, bool kGeneral>
+__device__ __forceinline__ void kv_grads_two_level(const Params& p, const BwdBlock<T>& blk, const BwdTile<T>& tile,
+                                                   float (&dk)[2][D / 16][4], float (&dv)[2][D / 16][4]) {
+  using Tr = BwdTraits<T, D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, PP = BN + 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int sq0 = (warp % 2) * 32, sk0 = (warp / 2) * 32;  // S/dP: the warp's queries and keys in the tiles
+  const int key0 = (warp % 4) * 32, d0 = (warp / 4) * (D / 2);  // dK/dV: the warp's keys and columns
+  T* sP = blk.scratch;      // (BM, PP)
+  T* sdS = sP + BM * PP;    // (BM, PP)
+
+  float s[2][4][4] = {}, dp[2][4][4] = {};  // S and dP: (32 queries, 32 keys)
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t aq[2][4], ao[2][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      ldmatrix_x4(aq[m], tile.sQ + (sq0 + 16 * m + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
+      ldmatrix_x4(ao[m], tile.sdO + (sq0 + 16 * m + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
+    }
+#pragma unroll
+    for (int nj = 0; nj < 2; ++nj) {
+      const int offset = (sk0 + nj * 16 + (lane & 7) + (lane >> 4) * 8) * DP + kk * 16 + ((lane >> 3) & 1) * 8;
+      uint32_t bk[4], bv[4];
+      ldmatrix_x4(bk, blk.sK + offset);
+      ldmatrix_x4(bv, blk.sV + offset);
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        mma_16816<T>(s[m][2 * nj], aq[m], bk[0], bk[1]);
+        mma_16816<T>(s[m][2 * nj + 1], aq[m], bk[2], bk[3]);
+        mma_16816<T>(dp[m][2 * nj], ao[m], bv[0], bv[1]);
+        mma_16816<T>(dp[m][2 * nj + 1], ao[m], bv[2], bv[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    float lse[2], delta[2];  // of the thread's two query rows
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      lse[r] = tile.sLse[sq0 + 16 * m + lane / 4 + 8 * r];
+      delta[r] = tile.sDelta[sq0 + 16 * m + lane / 4 + 8 * r];
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) score_grads<kGeneral>(p, s[m][n][c], dp[m][n][c], lse[c >> 1], delta[c >> 1]);
+    if (tile.partial) {
+      mask_rows<kGeneral, 32>(p, tile.m_blk * BM + sq0 + 16 * m, blk.n_blk * BN + sk0, blk.doc, blk.b, tile.h,
+                              [&](int n, int c) { s[m][n][c] = dp[m][n][c] = 0.f; });
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int at = (sq0 + 16 * m + lane / 4 + 8 * r) * PP + sk0 + 8 * n + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(sP + at) = pack2<T>(s[m][n][2 * r], s[m][n][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(sdS + at) = pack2<T>(dp[m][n][2 * r], dp[m][n][2 * r + 1]);
+      }
+  }
+  __syncthreads();  // P and dS complete
+
+  // dV += P^T dO and dK += dS^T Q: the A operands (keys x queries) read transposed from sP and sdS
+#pragma unroll
+  for (int kq = 0; kq < BM / 16; ++kq) {
+    uint32_t ap[2][4], as[2][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int offset = (kq * 16 + (lane & 7) + (lane >> 4) * 8) * PP + key0 + 16 * m + ((lane >> 3) & 1) * 8;
+      ldmatrix_x4_trans(ap[m], sP + offset);
+      ldmatrix_x4_trans(as[m], sdS + offset);
+    }
+#pragma unroll
+    for (int nd = 0; nd < D / 32; ++nd) {
+      const int offset = (kq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + d0 + nd * 16 + (lane >> 4) * 8;
+      uint32_t bo[4], bq[4];
+      ldmatrix_x4_trans(bo, tile.sdO + offset);
+      ldmatrix_x4_trans(bq, tile.sQ + offset);
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        mma_16816<T>(dv[m][2 * nd], ap[m], bo[0], bo[1]);
+        mma_16816<T>(dv[m][2 * nd + 1], ap[m], bo[2], bo[3]);
+        mma_16816<T>(dk[m][2 * nd], as[m], bq[0], bq[1]);
+        mma_16816<T>(dk[m][2 * nd + 1], as[m], bq[2], bq[3]);
+      }
+    }
+  }
+}
+
+// Two-level, second part: dQ += dS K of the warp's 32 rows x D/4 columns, dS from the scratch.
+template <typename T, int D>
+__device__ __forceinline__ void q_grads_two_level(const Params& p, const BwdBlock<T>& blk, const BwdTile<T>& tile) {
+  using Tr = BwdTraits<T, D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, PP = BN + 8, DQ = D / 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int q0 = (warp % 2) * 32, dq0 = (warp / 2) * DQ;
+  const T* sdS = blk.scratch + BM * PP;
+  float dq[2][DQ / 8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    uint32_t a[2][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) ldmatrix_x4(a[m], sdS + (q0 + 16 * m + (lane & 15)) * PP + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int nd = 0; nd < DQ / 16; ++nd) {
+      uint32_t bk[4];
+      ldmatrix_x4_trans(bk, blk.sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + dq0 + nd * 16 +
+                                (lane >> 4) * 8);
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        mma_16816<T>(dq[m][2 * nd], a[m], bk[0], bk[1]);
+        mma_16816<T>(dq[m][2 * nd + 1], a[m], bk[2], bk[3]);
+      }
+    }
+  }
+  add_dq<2, DQ>(p, dq, blk.doc, blk.b, tile.h, tile.m_blk * BM + q0, dq0);
+}
+
+// One-level, first part: S^T and dP^T of the warp's 16 keys x BM queries, then dV and dK of its 16 keys x D/parts
+// columns with P^T and dS^T as register A operands; dS^T into the scratch for dQ.
+template <typename T, int D, bool kGeneral>
+__device__ __forceinline__ void kv_grads_one_level(const Params& p, const BwdBlock<T>& blk, const BwdTile<T>& tile,
+                                                   float (&dk)[1][D / BwdTraits<T, D>::kColParts / 8][4],
+                                                   float (&dv)[1][D / BwdTraits<T, D>::kColParts / 8][4]) {
+  using Tr = BwdTraits<T, D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, SP = BM + 8, DW = D / Tr::kColParts;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int key0 = (warp % Tr::kKeyWarps) * 16, d0 = (warp / Tr::kKeyWarps) * DW;
+  float st[BM / 8][4] = {}, dpt[BM / 8][4] = {};  // S^T and dP^T: (16 keys, BM queries)
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t ak[4], av[4];
+    ldmatrix_x4(ak, blk.sK + (key0 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
+    ldmatrix_x4(av, blk.sV + (key0 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int nj = 0; nj < BM / 16; ++nj) {
+      const int offset = (nj * 16 + (lane & 7) + (lane >> 4) * 8) * DP + kk * 16 + ((lane >> 3) & 1) * 8;
+      uint32_t bq[4], bo[4];
+      ldmatrix_x4(bq, tile.sQ + offset);
+      ldmatrix_x4(bo, tile.sdO + offset);
+      mma_16816<T>(st[2 * nj], ak, bq[0], bq[1]);
+      mma_16816<T>(st[2 * nj + 1], ak, bq[2], bq[3]);
+      mma_16816<T>(dpt[2 * nj], av, bo[0], bo[1]);
+      mma_16816<T>(dpt[2 * nj + 1], av, bo[2], bo[3]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int col = n * 8 + 2 * (lane % 4) + (c & 1);  // query within the tile
+      score_grads<kGeneral>(p, st[n][c], dpt[n][c], tile.sLse[col], tile.sDelta[col]);
+    }
+  if (tile.partial) {
+    mask_transposed<kGeneral, BM>(p, st, dpt, tile.m_blk * BM, blk.n_blk * BN + key0, blk.doc, blk.b, tile.h);
+  }
+#pragma unroll
+  for (int kq = 0; kq < BM / 16; ++kq) {
+    const uint32_t ap[4] = {pack2<T>(st[2 * kq][0], st[2 * kq][1]), pack2<T>(st[2 * kq][2], st[2 * kq][3]),
+                            pack2<T>(st[2 * kq + 1][0], st[2 * kq + 1][1]),
+                            pack2<T>(st[2 * kq + 1][2], st[2 * kq + 1][3])};
+    const uint32_t as[4] = {pack2<T>(dpt[2 * kq][0], dpt[2 * kq][1]), pack2<T>(dpt[2 * kq][2], dpt[2 * kq][3]),
+                            pack2<T>(dpt[2 * kq + 1][0], dpt[2 * kq + 1][1]),
+                            pack2<T>(dpt[2 * kq + 1][2], dpt[2 * kq + 1][3])};
+#pragma unroll
+    for (int nd = 0; nd < DW / 16; ++nd) {
+      const int offset = (kq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + d0 + nd * 16 + (lane >> 4) * 8;
+      uint32_t bo[4], bq[4];
+      ldmatrix_x4_trans(bo, tile.sdO + offset);
+      ldmatrix_x4_trans(bq, tile.sQ + offset);
+      mma_16816<T>(dv[0][2 * nd], ap, bo[0], bo[1]);
+      mma_16816<T>(dv[0][2 * nd + 1], ap, bo[2], bo[3]);
+      mma_16816<T>(dk[0][2 * nd], as, bq[0], bq[1]);
+      mma_16816<T>(dk[0][2 * nd + 1], as, bq[2], bq[3]);
+    }
+    if (d0 == 0 && !p.deterministic) {  // one copy of dS^T for dQ
+      T* row = blk.scratch + (key0 + lane / 4) * SP + kq * 16 + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(row) = as[0];
+      *reinterpret_cast<uint32_t*>(row + 8 * SP) = as[1];
+      *reinterpret_cast<uint32_t*>(row + 8) = as[2];
+      *reinterpret_cast<uint32_t*>(row + 8 * SP + 8) = as[3];
+    }
+  }
+}
+
+// One-level, second part: dQ += dS K of the warp's 16 rows x D/2 columns, dS^T from the scratch.
+template <typename T, int D>
+__device__ __forceinline__ void q_grads_one_level(const Params& p, const BwdBlock<T>& blk, const BwdTile<T>& tile) {
+  using Tr = BwdTraits<T, D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, SP = BM + 8, DQ = D / 2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int q0 = (warp % 4) * 16, dq0 = (warp / 4) * DQ;
+  __syncthreads();  // dS^T complete
+  float dq[1][DQ / 8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_x4_trans(a, blk.scratch + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * SP + q0 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+    for (int nd = 0; nd < DQ / 16; ++nd) {
+      uint32_t bk[4];
+      ldmatrix_x4_trans(bk, blk.sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + dq0 + nd * 16 +
+                                (lane >> 4) * 8);
+      mma_16816<T>(dq[0][2 * nd], a, bk[0], bk[1]);
+      mma_16816<T>(dq[0][2 * nd + 1], a, bk[2], bk[3]);
+    }
+  }
+  add_dq<1, DQ>(p, dq, blk.doc, blk.b, tile.h, tile.m_blk * BM + q0, dq0);
 }
 
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
 __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __grid_constant__ Params p) {
   using Tr = BwdTraits<T, D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, SP = BM + 8, NT = Tr::kThreads;
-  constexpr int DW = D / Tr::kParts;  // dK/dV columns per warp
-  constexpr int DQ = D / 2;           // dQ columns per warp: 8 warps = 4 row groups of 16 x 2 column halves
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, NT = Tr::kThreads;
+  constexpr int KT = Tr::kKeysPerWarp / 16, DW = D / Tr::kColParts;  // dK/dV of a warp: KT m16 tiles x DW columns
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);  // (BN, DP)
   T* sV = sK + BN * DP;                // (BN, DP)
   T* sQ0 = sV + BN * DP;               // (2, BM, DP): two stages
   T* sdO0 = sQ0 + 2 * BM * DP;         // (2, BM, DP)
-  T* sdS = sdO0 + 2 * BM * DP;         // (BN, SP): dS^T
-  float* sLse0 = reinterpret_cast<float*>(sdS + BN * SP);  // (2, BM) log2 domain
-  float* sDelta0 = sLse0 + 2 * BM;                         // (2, BM)
+  T* scratch = sdO0 + 2 * BM * DP;     // Tr::kScratch
+  float* sLse0 = reinterpret_cast<float*>(scratch + Tr::kScratch);  // (2, BM) log2 domain
+  float* sDelta0 = sLse0 + 2 * BM;                                  // (2, BM)
 
   const int n_blk = blockIdx.x, b = blockIdx.y, hk = blockIdx.z;
-  const Document doc = document(p, b);
+  const BwdBlock<T> blk{document(p, b), b, n_blk, sK, sV, scratch};
+  const Document& doc = blk.doc;
   if (n_blk * BN >= doc.lk) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int key0 = (warp % Tr::kKeyWarps) * 16;  // the warp's keys in the tile (S^T rows)
-  const int d0 = (warp / Tr::kKeyWarps) * DW;    // the warp's dK/dV columns
-  const int q0 = (warp % 4) * 16, dq0 = (warp / 4) * DQ;  // the warp's dQ rows and columns
+  const int key0 = (warp % Tr::kKeyWarps) * Tr::kKeysPerWarp, d0 = (warp / Tr::kKeyWarps) * DW;
 
   load_tile<T, BN, D, NT>(sK, row_ptr<const T>(p.k, b, doc.k_start, n_blk * BN, hk), p.k.row_stride,
                           doc.lk - n_blk * BN);
@@ -127,139 +387,64 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
 
   // Copies of one query tile of one head into stage `stage`: Q, dO, and its rows' logsumexp and delta.
   auto load_query_tile = [&](const BwdWork& w, int stage) {
-    const int h = hk * p.kv_group + w.g, m_blk = w.vis.tiles[w.t], valid = doc.lq - m_blk * BM;
-    load_tile<T, BM, D, NT>(sQ0 + stage * BM * DP, row_ptr<const T>(p.q, b, doc.q_start, m_blk * BM, h),
+    const int h = hk * p.kv_group + w.g, valid = doc.lq - w.tile * BM;
+    load_tile<T, BM, D, NT>(sQ0 + stage * BM * DP, row_ptr<const T>(p.q, b, doc.q_start, w.tile * BM, h),
                             p.q.row_stride, valid);
-    load_tile<T, BM, D, NT>(sdO0 + stage * BM * DP, row_ptr<const T>(p.o, b, doc.q_start, m_blk * BM, h),
+    load_tile<T, BM, D, NT>(sdO0 + stage * BM * DP, row_ptr<const T>(p.o, b, doc.q_start, w.tile * BM, h),
                             p.o.row_stride, valid);
     for (int r = threadIdx.x; r < BM; r += NT) {  // rows past the document read 0: the mask zeroes their P
-      const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + m_blk * BM + r;
+      const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + w.tile * BM + r;
       cp_async4(sLse0 + stage * BM + r, p.lse_log2 + at, r < valid);
       cp_async4(sDelta0 + stage * BM + r, p.delta + at, r < valid);
     }
     cp_async_commit();
   };
 
-  float dk[DW / 8][4] = {}, dv[DW / 8][4] = {};  // rows key0 + lane/4 (+8), columns d0 + 8 * n + 2 * (lane % 4)
-  BwdWork work{0, -1, visits(p.schedule, b, hk * p.kv_group, n_blk)};
+  float dk[KT][DW / 8][4] = {}, dv[KT][DW / 8][4] = {};  // rows key0 + 16 m + lane/4 (+8), cols d0 + 8 n + ...
+  BwdWork work{0, -1, 0, visits(p.schedule, b, hk * p.kv_group, n_blk)};
   advance(p, work, b, hk, n_blk);  // to the first pair, if any
+  BwdWork next = work;
+  advance(p, next, b, hk, n_blk);
   if (work.g < p.kv_group) load_query_tile(work, 0);
   for (int stage = 0; work.g < p.kv_group; stage ^= 1) {
-    const int h = hk * p.kv_group + work.g, m_blk = work.vis.tiles[work.t];
-    const bool partial = work.t < work.vis.partial;
-    BwdWork next = work;
-    advance(p, next, b, hk, n_blk);
-    if (next.g < p.kv_group) {
-      load_query_tile(next, stage ^ 1);
-      cp_async_wait<1>();
+    cp_async_wait<0>();
+    __syncthreads();  // this stage has landed; every warp is done with the other stage and the scratch
+    if (next.g < p.kv_group) load_query_tile(next, stage ^ 1);
+    const BwdTile<T> tile{sQ0 + stage * BM * DP, sdO0 + stage * BM * DP, sLse0 + stage * BM, sDelta0 + stage * BM,
+                          hk * p.kv_group + work.g, work.tile, work.t < work.vis.partial};
+    if constexpr (Tr::kTwoLevel) {
+      kv_grads_two_level<T, D, kGeneral>(p, blk, tile, dk, dv);
     } else {
-      cp_async_wait<0>();
+      kv_grads_one_level<T, D, kGeneral>(p, blk, tile, dk, dv);
     }
-    __syncthreads();  // this stage's copies have landed for every thread
-    const T* sQ = sQ0 + stage * BM * DP;
-    const T* sdO = sdO0 + stage * BM * DP;
-    const float* sLse = sLse0 + stage * BM;
-    const float* sDelta = sDelta0 + stage * BM;
-
-    float st[BM / 8][4] = {}, dpt[BM / 8][4] = {};  // S^T and dP^T: (16 keys, BM queries) per warp
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ak[4], av[4];
-      ldmatrix_x4(ak, sK + (key0 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
-      ldmatrix_x4(av, sV + (key0 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-      for (int nj = 0; nj < BM / 16; ++nj) {
-        const int offset = (nj * 16 + (lane & 7) + (lane >> 4) * 8) * DP + kk * 16 + ((lane >> 3) & 1) * 8;
-        uint32_t bq[4], bo[4];
-        ldmatrix_x4(bq, sQ + offset);
-        ldmatrix_x4(bo, sdO + offset);
-        mma_16816<T>(st[2 * nj], ak, bq[0], bq[1]);
-        mma_16816<T>(st[2 * nj + 1], ak, bq[2], bq[3]);
-        mma_16816<T>(dpt[2 * nj], av, bo[0], bo[1]);
-        mma_16816<T>(dpt[2 * nj + 1], av, bo[2], bo[3]);
-      }
-    }
-
-#pragma unroll
-    for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int col = n * 8 + 2 * (lane % 4) + (c & 1);  // query within the tile
-        score_grads<kGeneral>(p, st[n][c], dpt[n][c], sLse[col], sDelta[col]);
-      }
-    if (partial) {
-      mask_transposed<kGeneral, BM>(p, st, dpt, m_blk * BM, n_blk * BN + key0, doc, b, h);
-    }
-
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      const uint32_t ap[4] = {pack2<T>(st[2 * kq][0], st[2 * kq][1]), pack2<T>(st[2 * kq][2], st[2 * kq][3]),
-                              pack2<T>(st[2 * kq + 1][0], st[2 * kq + 1][1]),
-                              pack2<T>(st[2 * kq + 1][2], st[2 * kq + 1][3])};
-      const uint32_t as[4] = {pack2<T>(dpt[2 * kq][0], dpt[2 * kq][1]), pack2<T>(dpt[2 * kq][2], dpt[2 * kq][3]),
-                              pack2<T>(dpt[2 * kq + 1][0], dpt[2 * kq + 1][1]),
-                              pack2<T>(dpt[2 * kq + 1][2], dpt[2 * kq + 1][3])};
-#pragma unroll
-      for (int nd = 0; nd < DW / 16; ++nd) {
-        const int offset = (kq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + d0 + nd * 16 + (lane >> 4) * 8;
-        uint32_t bo[4], bq[4];
-        ldmatrix_x4_trans(bo, sdO + offset);
-        ldmatrix_x4_trans(bq, sQ + offset);
-        mma_16816<T>(dv[2 * nd], ap, bo[0], bo[1]);
-        mma_16816<T>(dv[2 * nd + 1], ap, bo[2], bo[3]);
-        mma_16816<T>(dk[2 * nd], as, bq[0], bq[1]);
-        mma_16816<T>(dk[2 * nd + 1], as, bq[2], bq[3]);
-      }
-      if (d0 == 0 && !p.deterministic) {  // one copy of dS^T for dQ
-        T* row = sdS + (key0 + lane / 4) * SP + kq * 16 + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(row) = as[0];
-        *reinterpret_cast<uint32_t*>(row + 8 * SP) = as[1];
-        *reinterpret_cast<uint32_t*>(row + 8) = as[2];
-        *reinterpret_cast<uint32_t*>(row + 8 * SP + 8) = as[3];
-      }
-    }
+    BwdWork after = next;
+    advance(p, after, b, hk, n_blk);  // its tile index is read here, behind dQ, and needed an iteration later
     if (!p.deterministic) {
-      __syncthreads();  // dS^T complete
-      float dq[DQ / 8][4] = {};  // rows q0 + lane/4 (+8), columns dq0 + 8 * n + 2 * (lane % 4)
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * SP + q0 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int nd = 0; nd < DQ / 16; ++nd) {
-          uint32_t bk[4];
-          ldmatrix_x4_trans(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + dq0 + nd * 16 +
-                                    (lane >> 4) * 8);
-          mma_16816<T>(dq[2 * nd], a, bk[0], bk[1]);
-          mma_16816<T>(dq[2 * nd + 1], a, bk[2], bk[3]);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = m_blk * BM + q0 + lane / 4 + 8 * r;
-        if (i >= doc.lq) continue;
-        float* out = row_ptr<float>(p.dq_accum, b, doc.q_start, i, h) + dq0 + 2 * (lane % 4);
-#pragma unroll
-        for (int n = 0; n < DQ / 8; ++n) atomic_add2(out + 8 * n, dq[n][2 * r], dq[n][2 * r + 1]);
+      if constexpr (Tr::kTwoLevel) {
+        q_grads_two_level<T, D>(p, blk, tile);
+      } else {
+        q_grads_one_level<T, D>(p, blk, tile);
       }
     }
-    __syncthreads();  // every warp is done with this stage and sdS before they are written again
     work = next;
+    next = after;
   }
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int j = n_blk * BN + key0 + lane / 4 + 8 * r;
-    if (j >= doc.lk) continue;
-    T* dk_row = row_ptr<T>(p.dk, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
-    T* dv_row = row_ptr<T>(p.dv, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
+  for (int m = 0; m < KT; ++m)
 #pragma unroll
-    for (int n = 0; n < DW / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(dk_row + 8 * n) = pack2<T>(dk[n][2 * r], dk[n][2 * r + 1]);
-      *reinterpret_cast<uint32_t*>(dv_row + 8 * n) = pack2<T>(dv[n][2 * r], dv[n][2 * r + 1]);
+    for (int r = 0; r < 2; ++r) {
+      const int j = n_blk * BN + key0 + 16 * m + lane / 4 + 8 * r;
+      if (j >= doc.lk) continue;
+      T* dk_row = row_ptr<T>(p.dk, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
+      T* dv_row = row_ptr<T>(p.dv, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
+#pragma unroll
+      for (int n = 0; n < DW / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(dk_row + 8 * n) = pack2<T>(dk[m][n][2 * r], dk[m][n][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(dv_row + 8 * n) = pack2<T>(dv[m][n][2 * r], dv[m][n][2 * r + 1]);
+      }
     }
-  }
 }
 
 // dQ alone, for deterministic gradients: one thread block per (query tile, document, head), 8 warps of 16 rows,
@@ -338,7 +523,7 @@ __global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const _
 #pragma unroll
       for (int c = 0; c < 4; ++c) score_grads<kGeneral>(p, s[nn][c], dp[nn][c], lse[c >> 1], delta[c >> 1]);
     if (t < vis.partial) {
-      mask_rows<kGeneral, BN>(p, dp, m_blk * BM + r0, n, doc, b, h);
+      mask_rows<kGeneral, BN>(p, m_blk * BM + r0, n, doc, b, h, [&](int nn, int c) { dp[nn][c] = 0.f; });
     }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
