@@ -1,7 +1,9 @@
 // CPU emulation of the CUDA features the FA2 kernels use, so that the same kernel source runs on a CPU when it is
 // compiled with -DLEGALPT_EMULATE (tests/attention/test_fa2_emulated.py). Its purpose is checking the kernels'
-// index math, fragment layouts, masks and barrier structure without a GPU; it is slow, meant for tiny shapes, and
-// blind to races (fibers switch only at barriers and collectives, and cp.async copies are synchronous).
+// index math, fragment layouts, masks, barrier structure and cp.async protocol without a GPU; it is slow and meant
+// for tiny shapes. Fibers switch only at barriers and collectives, so it cannot see races between plain shared-memory
+// accesses; cp.async copies land only at their thread's wait and poison their destination until then, so a missing
+// wait or a copy into a buffer still being read does show up (as NaN).
 //
 // Each CUDA thread of a block is a fiber (ucontext) on one OS thread. __syncthreads and the warp-collective
 // instructions (ldmatrix, mma.sync, shuffles) are barriers between fibers; the collectives exchange their operands
@@ -82,11 +84,22 @@ struct Barrier {
   void arrive();
 };
 
+// A cp.async copy in flight. It lands when its thread waits for its group; its destination holds all-ones bytes
+// (NaN in every float type) from the issue until then.
+struct Copy {
+  void* dst;
+  const void* src;  // nullptr: zero-fill
+  int bytes;
+};
+
 struct Fiber {
   ucontext_t context;
   std::vector<char> stack;
   bool done = false;
-  bool waiting = false;  // inside a barrier that has not completed yet
+  const Barrier* waiting_on = nullptr;    // the barrier it waits at, until that completes
+  int wait_generation = 0;                // of that barrier
+  std::vector<Copy> open;                 // cp.async copies issued since the last commit
+  std::vector<std::vector<Copy>> groups;  // committed groups, oldest first
 };
 
 // Operands of one warp-collective instruction, one row per lane.
@@ -103,7 +116,7 @@ struct Block {
   std::vector<WarpScratch> scratch;
   Barrier block_barrier;
   int current = 0;
-  long events = 0;  // barriers completed and threads finished: a scheduler round without any means deadlock
+  long events = 0;  // barrier arrivals and threads finished: scheduling steps without any mean deadlock
   void (*body)(const void*) = nullptr;
   const void* args = nullptr;
 };
@@ -112,17 +125,49 @@ inline Block block;
 
 inline void yield() { swapcontext(&block.fibers[block.current].context, &block.scheduler); }
 
+// cp.async: poisoned at the issue, landed at the wait. A read before its thread's wait, or a copy into a buffer that
+// other threads still read in the same barrier phase, therefore sees NaN: the hardware's races made deterministic.
+inline void async_copy(void* dst, const void* src, int bytes) {
+  std::memset(dst, 0xFF, bytes);
+  block.fibers[block.current].open.push_back({dst, src, bytes});
+}
+inline void async_commit() {
+  Fiber& f = block.fibers[block.current];
+  f.groups.push_back(std::move(f.open));
+  f.open.clear();
+}
+inline void async_wait(int pending) {  // until at most `pending` of the thread's committed groups are in flight
+  Fiber& f = block.fibers[block.current];
+  while (static_cast<int>(f.groups.size()) > pending) {
+    for (const Copy& c : f.groups.front()) {
+      if (c.src != nullptr) {
+        std::memcpy(c.dst, c.src, c.bytes);
+      } else {
+        std::memset(c.dst, 0, c.bytes);
+      }
+    }
+    f.groups.erase(f.groups.begin());
+  }
+}
+
 inline void Barrier::arrive() {
+  ++block.events;
   const int gen = generation;
   if (++arrived == expected) {
     arrived = 0;
     ++generation;
-    ++block.events;
     return;
   }
-  block.fibers[block.current].waiting = true;
+  Fiber& f = block.fibers[block.current];
+  f.waiting_on = this;
+  f.wait_generation = gen;
   while (generation == gen) yield();
-  block.fibers[block.current].waiting = false;
+  f.waiting_on = nullptr;
+}
+
+// Waiting at a __syncthreads that has not completed yet.
+inline bool parked(const Fiber& f) {
+  return f.waiting_on == &block.block_barrier && block.block_barrier.generation == f.wait_generation;
 }
 
 inline void fiber_entry() {
@@ -141,6 +186,44 @@ inline void (*kernel_of)(Args) = nullptr;  // the kernel being launched, per arg
 template <typename Args>
 void run_kernel(const void* args) {
   kernel_of<Args>(*static_cast<const Args*>(args));
+}
+
+// Runs the fibers of the current block to the end under one of three legal schedules. 0, lockstep: one step of
+// every thread per round. 1 and 2, warp-serial: warp by warp, ascending (1) or descending (2), each until all its
+// threads wait at __syncthreads or have returned. Warp-serial puts one warp a whole barrier phase ahead of the others,
+// so a read of what another warp writes in the same phase, or a write of what another warp still reads there (a
+// missing __syncthreads), gives a result that differs from lockstep's.
+inline void run_block(int threads, int schedule) {
+  const int warps = threads / 32;
+  for (bool running = true; running;) {
+    running = false;
+    const long round_events = block.events;
+    for (int i = 0; i < warps; ++i) {
+      const int w = schedule == 2 ? warps - 1 - i : i;
+      for (bool again = true; again;) {
+        again = false;
+        const long events = block.events;
+        for (int t = 32 * w; t < 32 * (w + 1); ++t) {
+          Fiber& f = block.fibers[t];
+          if (f.done || (schedule != 0 && parked(f))) continue;
+          block.current = t;
+          threadIdx = dim3(t);
+          swapcontext(&block.scheduler, &f.context);
+          running = true;
+          again = schedule != 0;
+        }
+        if (again && block.events == events) {
+          throw std::runtime_error("emulated kernel deadlocked: a warp waits at a barrier that cannot complete");
+        }
+      }
+    }
+    if (running && block.events == round_events) {
+      throw std::runtime_error("emulated kernel deadlocked: a barrier that not every thread of the block reaches");
+    }
+  }
+  for (const Fiber& f : block.fibers) {
+    if (!f.done) throw std::runtime_error("emulated kernel deadlocked: a barrier that not every thread reaches");
+  }
 }
 
 // Runs kernel(args) over the grid, one block at a time, each thread a fiber.
@@ -164,29 +247,17 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
         block.block_barrier = Barrier{threads, 0, 0};
         for (int t = 0; t < threads; ++t) {
           Fiber& f = block.fibers[t];
-          f.done = f.waiting = false;
+          f.done = false;
+          f.waiting_on = nullptr;
+          f.open.clear();  // copies still in flight when the previous block ended never land
+          f.groups.clear();
           getcontext(&f.context);
           f.context.uc_stack.ss_sp = f.stack.data();
           f.context.uc_stack.ss_size = f.stack.size();
           f.context.uc_link = nullptr;
           makecontext(&f.context, fiber_entry, 0);
         }
-        for (bool running = true; running;) {  // round robin until every thread of the block has returned
-          running = false;
-          bool all_waiting = true;
-          const long events = block.events;
-          for (int t = 0; t < threads; ++t) {
-            if (block.fibers[t].done) continue;
-            all_waiting = all_waiting && block.fibers[t].waiting;
-            block.current = t;
-            threadIdx = dim3(t);
-            swapcontext(&block.scheduler, &block.fibers[t].context);
-            running = running || !block.fibers[t].done;
-          }
-          if (running && all_waiting && block.events == events) {
-            throw std::runtime_error("emulated kernel deadlocked: a barrier that not every thread of the block reaches");
-          }
-        }
+        run_block(threads, static_cast<int>((z * grid.y + y) * grid.x + x) % 3);
       }
 }
 

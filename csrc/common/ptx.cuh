@@ -93,23 +93,13 @@ __device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
 }
 
 #else  // LEGALPT_EMULATE: the same instructions on the CPU (csrc/common/emulate.h)
-inline void cp_async16(void* dst, const void* src, bool valid) {
-  if (valid) {
-    std::memcpy(dst, src, 16);
-  } else {
-    std::memset(dst, 0, 16);
-  }
-}
-inline void cp_async4(void* dst, const void* src, bool valid) {
-  if (valid) {
-    std::memcpy(dst, src, 4);
-  } else {
-    std::memset(dst, 0, 4);
-  }
-}
-inline void cp_async_commit() {}
+inline void cp_async16(void* dst, const void* src, bool valid) { emu::async_copy(dst, valid ? src : nullptr, 16); }
+inline void cp_async4(void* dst, const void* src, bool valid) { emu::async_copy(dst, valid ? src : nullptr, 4); }
+inline void cp_async_commit() { emu::async_commit(); }
 template <int N>
-inline void cp_async_wait() {}
+inline void cp_async_wait() {
+  emu::async_wait(N);
+}
 
 // Matrix m's row r comes from the address lane 8 m + r gave; lane l receives row l / 4, columns 2 (l % 4) and
 // 2 (l % 4) + 1 (with .trans: the transposed matrix's).

@@ -2,10 +2,11 @@
 
 Runs without a GPU: every CUDA thread is a fiber and the warp-collective instructions are emulated lane by lane, so
 these tests check the kernels' index math, tile schedules, masks, fragment layouts and GQA/varlen addressing on any
-machine with a C++ compiler. They cannot see races or timing (fibers switch only at barriers and collectives, and
-copies are synchronous); tests/attention/test_fa2.py on a GPU covers those. The cases are small and chosen to reach
-every instantiation: the plain and general (softcap, dilation, layout) kernels, the 32- and 64-key forward tiles,
-one and two row tiles per warp, the split backward of head dims over 128, the deterministic dQ pass.
+machine with a C++ compiler, and races between warps: blocks run lockstep or warp by warp, and cp.async copies
+poison their destination until their wait (csrc/common/emulate.h); timing is left to tests/attention/test_fa2.py
+on a GPU. The cases are small and chosen to reach every instantiation: the plain and general (softcap, dilation,
+layout) kernels, the 32- and 64-key forward tiles, one and two row tiles per warp, both backward layouts (two-level
+at d64 and d128, one-level with the dK/dV columns split over d128), the deterministic dQ pass.
 """
 
 from __future__ import annotations
