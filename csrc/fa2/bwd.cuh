@@ -27,6 +27,12 @@ struct BwdTraits {
   static constexpr int kKeysPerWarp = kTwoLevel ? 32 : 16;         // dK/dV rows per warp
   static constexpr int kColParts = kTwoLevel || D > 128 ? 2 : 1;   // dK/dV column split: D/parts accumulators a key
   static constexpr int kKeyWarps = kWarps / kColParts;
+  static constexpr int kCols = D / kColParts;  // dK/dV columns per warp
+  // A warp's dK (or dV) accumulators: kKeysPerWarp keys (m16 tiles) x kCols columns (n8 tiles), mma layout
+  using Acc = float[kKeysPerWarp / 16][kCols / 8][4];
+  // The first key (within the tile) and the first column of a warp's dK and dV
+  __device__ static int key0(int warp) { return (warp % kKeyWarps) * kKeysPerWarp; }
+  __device__ static int col0(int warp) { return (warp / kKeyWarps) * kCols; }
   static constexpr int kBlockN = kKeysPerWarp * kKeyWarps;  // keys per block: 128 up to D = 128, so that a Q/dO copy
                                                             // and a dQ atomic serve many keys; 64 over
   // the score gradients' scratch: P and dS, (BM, BN + 8) each, when two-level; else dS^T, (BN, BM + 8)
@@ -149,12 +155,13 @@ __device__ __forceinline__ void add_dq(const Params& p, const float (&dq)[MT][DQ
 // its 32 keys x D/2 columns.
 template <typename T, int D, bool kGeneral>
 __device__ __forceinline__ void kv_grads_two_level(const Params& p, const BwdBlock<T>& blk, const BwdTile<T>& tile,
-                                                   float (&dk)[2][D / 16][4], float (&dv)[2][D / 16][4]) {
+                                                   typename BwdTraits<T, D>::Acc& dk,
+                                                   typename BwdTraits<T, D>::Acc& dv) {
   using Tr = BwdTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, PP = BN + 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int sq0 = (warp % 2) * 32, sk0 = (warp / 2) * 32;  // S/dP: the warp's queries and keys in the tiles
-  const int key0 = (warp % 4) * 32, d0 = (warp / 4) * (D / 2);  // dK/dV: the warp's keys and columns
+  const int key0 = Tr::key0(warp), d0 = Tr::col0(warp);  // dK/dV: the warp's 32 keys and D/2 columns
   T* sP = blk.scratch;      // (BM, PP)
   T* sdS = sP + BM * PP;    // (BM, PP)
 
@@ -270,12 +277,12 @@ __device__ __forceinline__ void q_grads_two_level(const Params& p, const BwdBloc
 // columns with P^T and dS^T as register A operands; dS^T into the scratch for dQ.
 template <typename T, int D, bool kGeneral>
 __device__ __forceinline__ void kv_grads_one_level(const Params& p, const BwdBlock<T>& blk, const BwdTile<T>& tile,
-                                                   float (&dk)[1][D / BwdTraits<T, D>::kColParts / 8][4],
-                                                   float (&dv)[1][D / BwdTraits<T, D>::kColParts / 8][4]) {
+                                                   typename BwdTraits<T, D>::Acc& dk,
+                                                   typename BwdTraits<T, D>::Acc& dv) {
   using Tr = BwdTraits<T, D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, SP = BM + 8, DW = D / Tr::kColParts;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, SP = BM + 8, DW = Tr::kCols;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int key0 = (warp % Tr::kKeyWarps) * 16, d0 = (warp / Tr::kKeyWarps) * DW;
+  const int key0 = Tr::key0(warp), d0 = Tr::col0(warp);
   float st[BM / 8][4] = {}, dpt[BM / 8][4] = {};  // S^T and dP^T: (16 keys, BM queries)
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
@@ -362,7 +369,7 @@ template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
 __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __grid_constant__ Params p) {
   using Tr = BwdTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, NT = Tr::kThreads;
-  constexpr int KT = Tr::kKeysPerWarp / 16, DW = D / Tr::kColParts;  // dK/dV of a warp: KT m16 tiles x DW columns
+  constexpr int KT = Tr::kKeysPerWarp / 16, DW = Tr::kCols;  // dK/dV of a warp: KT m16 tiles x DW columns
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);  // (BN, DP)
   T* sV = sK + BN * DP;                // (BN, DP)
@@ -377,7 +384,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
   const Document& doc = blk.doc;
   if (n_blk * BN >= doc.lk) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int key0 = (warp % Tr::kKeyWarps) * Tr::kKeysPerWarp, d0 = (warp / Tr::kKeyWarps) * DW;
+  const int key0 = Tr::key0(warp), d0 = Tr::col0(warp);
 
   load_tile<T, BN, D, NT>(sK, row_ptr<const T>(p.k, b, doc.k_start, n_blk * BN, hk), p.k.row_stride,
                           doc.lk - n_blk * BN);
@@ -400,7 +407,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
     cp_async_commit();
   };
 
-  float dk[KT][DW / 8][4] = {}, dv[KT][DW / 8][4] = {};  // rows key0 + 16 m + lane/4 (+8), cols d0 + 8 n + ...
+  typename Tr::Acc dk = {}, dv = {};  // rows key0 + 16 m + lane/4 (+8), cols d0 + 8 n + 2 (lane % 4) (+1)
   BwdWork work{0, -1, 0, visits(p.schedule, b, hk * p.kv_group, n_blk)};
   advance(p, work, b, hk, n_blk);  // to the first pair, if any
   BwdWork next = work;
