@@ -61,18 +61,21 @@ __device__ __forceinline__ void score_grads(const Params& p, float& s, float& dp
   dp = prob * (dp - delta) * dlogit;
 }
 
-// The (query head, query tile) pairs a key tile visits, in order: every head of the group, each head's schedule row.
+// The (query head, query tile) pairs a block visits, in order: every head of the group, each head's schedule row of
+// the key tile, or of a split tile the block's chunk of each row.
 struct BwdWork {
-  int g, t;  // group member, position in its visit list; g == kv_group when done
-  int tile;  // the query tile, vis.tiles[t]: read when advancing, an iteration before the copy that needs it
+  int g, t, end;  // group member, position in its visit list and the end of this block's part; g == kv_group: done
+  int tile;       // the query tile, vis.tiles[t]: read when advancing, an iteration before the copy that needs it
   Visits vis;
 };
 
-__device__ __forceinline__ void advance(const Params& p, BwdWork& w, int b, int hk, int n_blk) {
+// The next pair after w; start from {-1, 0, 0}. chunk: this block's part of a split key tile, -1 for a whole one.
+__device__ __forceinline__ void advance(const Params& p, BwdWork& w, int b, int hk, int n_blk, int chunk) {
   ++w.t;
-  while (w.t >= w.vis.count && ++w.g < p.kv_group) {
-    w.t = 0;
+  while (w.t >= w.end && ++w.g < p.kv_group) {
     w.vis = visits(p.schedule, b, hk * p.kv_group + w.g, n_blk);
+    w.t = chunk < 0 ? 0 : w.vis.count * chunk / p.split_chunks;
+    w.end = chunk < 0 ? w.vis.count : w.vis.count * (chunk + 1) / p.split_chunks;
   }
   if (w.g < p.kv_group) w.tile = w.vis.tiles[w.t];
 }
@@ -379,7 +382,12 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
   float* sLse0 = reinterpret_cast<float*>(scratch + Tr::kScratch);  // (2, BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                  // (2, BM)
 
-  const int n_blk = blockIdx.x, b = blockIdx.y, hk = blockIdx.z;
+  // The split key tiles (those of the global keys, which every query tile visits) come first, split_chunks blocks
+  // each; chunk -1 is a whole tile.
+  const int split_blocks = p.split_tiles * p.split_chunks, b = blockIdx.y, hk = blockIdx.z;
+  const bool split = static_cast<int>(blockIdx.x) < split_blocks;
+  const int n_blk = split ? blockIdx.x / p.split_chunks : blockIdx.x - split_blocks + p.split_tiles;
+  const int chunk = split ? blockIdx.x % p.split_chunks : -1;
   const BwdBlock<T> blk{document(p, b), b, n_blk, sK, sV, scratch};
   const Document& doc = blk.doc;
   if (n_blk * BN >= doc.lk) return;
@@ -408,10 +416,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
   };
 
   typename Tr::Acc dk = {}, dv = {};  // rows key0 + 16 m + lane/4 (+8), cols d0 + 8 n + 2 (lane % 4) (+1)
-  BwdWork work{0, -1, 0, visits(p.schedule, b, hk * p.kv_group, n_blk)};
-  advance(p, work, b, hk, n_blk);  // to the first pair, if any
+  BwdWork work{-1, 0, 0, 0, {}};
+  advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
   BwdWork next = work;
-  advance(p, next, b, hk, n_blk);
+  advance(p, next, b, hk, n_blk, chunk);
   if (work.g < p.kv_group) load_query_tile(work, 0);
   for (int stage = 0; work.g < p.kv_group; stage ^= 1) {
     cp_async_wait<0>();
@@ -425,7 +433,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
       kv_grads_one_level<T, D, kGeneral>(p, blk, tile, dk, dv);
     }
     BwdWork after = next;
-    advance(p, after, b, hk, n_blk);  // its tile index is read here, behind dQ, and needed an iteration later
+    advance(p, after, b, hk, n_blk, chunk);  // its tile index is read here, behind dQ, and needed an iteration later
     if (!p.deterministic) {
       if constexpr (Tr::kTwoLevel) {
         q_grads_two_level<T, D>(p, blk, tile);
@@ -444,6 +452,15 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
     for (int r = 0; r < 2; ++r) {
       const int j = n_blk * BN + key0 + 16 * m + lane / 4 + 8 * r;
       if (j >= doc.lk) continue;
+      if (split) {  // a part of the sums: added in float32, converted by split_dkv_kernel
+        float* row = row_ptr<float>(p.dkv_split, b, 0, j, hk) + d0 + 2 * (lane % 4);
+#pragma unroll
+        for (int n = 0; n < DW / 8; ++n) {
+          atomic_add2(row + 8 * n, dk[m][n][2 * r], dk[m][n][2 * r + 1]);
+          atomic_add2(row + D + 8 * n, dv[m][n][2 * r], dv[m][n][2 * r + 1]);
+        }
+        continue;
+      }
       T* dk_row = row_ptr<T>(p.dk, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
       T* dv_row = row_ptr<T>(p.dv, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
 #pragma unroll
@@ -452,6 +469,22 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
         *reinterpret_cast<uint32_t*>(dv_row + 8 * n) = pack2<T>(dv[m][n][2 * r], dv[m][n][2 * r + 1]);
       }
     }
+}
+
+// dK and dV of the split key tiles, from their float32 sums in dkv_split: one block per (row, document), a thread
+// per pair of columns.
+template <typename T, int D>
+__global__ void split_dkv_kernel(const __grid_constant__ Params p) {
+  const int j = blockIdx.x, b = blockIdx.y;
+  const Document doc = document(p, b);
+  if (j >= doc.lk) return;
+  const int kv_heads = p.heads / p.kv_group;
+  for (int e = threadIdx.x; e < kv_heads * D; e += blockDim.x) {  // (key head, dK or dV, column pair)
+    const int hk = e / D, which = e / (D / 2) % 2, d = 2 * (e % (D / 2));
+    const float* sum = row_ptr<float>(p.dkv_split, b, 0, j, hk) + which * D + d;
+    T* out = row_ptr<T>(which ? p.dv : p.dk, b, doc.k_start, j, hk) + d;
+    *reinterpret_cast<uint32_t*>(out) = pack2<T>(sum[0], sum[1]);
+  }
 }
 
 // dQ alone, for deterministic gradients: one thread block per (query tile, document, head), 8 warps of 16 rows,

@@ -124,7 +124,8 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
               const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
               int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
               const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale, double softcap,
-              const at::Tensor& dq_counts, const at::Tensor& dq_indices, bool deterministic) {
+              const at::Tensor& dq_counts, const at::Tensor& dq_indices, bool deterministic, int64_t split_tiles,
+              int64_t split_chunks, const at::Tensor& dkv_split) {
   TORCH_CHECK(q.size(-1) == kHeadDim, "fa2 extension for head_dim ", kHeadDim, " got ", q.size(-1));
   const Launch launch(q.device());
   Params p =
@@ -136,12 +137,19 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   p.dq_accum = view(dq_accum);
   p.dk = view(dk);
   p.dv = view(dv);
+  p.split_tiles = static_cast<int>(split_tiles);
+  p.split_chunks = static_cast<int>(split_chunks);
+  p.dkv_split = view(dkv_split);
   constexpr int kKeys = BwdTraits<__half, kHeadDim>::kBlockN;
-  const dim3 grid((max_k + kKeys - 1) / kKeys, documents(q, cu_q), k.size(-2));
+  const int key_blocks = (max_k + kKeys - 1) / kKeys + p.split_tiles * (p.split_chunks - 1);
+  const dim3 grid(key_blocks, documents(q, cu_q), k.size(-2));
   dispatch(q, p, [&](auto tag, auto general) {
     using T = typename decltype(tag)::type;
     using Tr = BwdTraits<T, kHeadDim>;
     launch(bwd_kernel<T, kHeadDim, decltype(general)::value>, grid, Tr::kThreads, Tr::kSmem, p);
+    if (p.split_chunks > 1) {
+      launch(split_dkv_kernel<T, kHeadDim>, dim3(p.split_tiles * kKeys, documents(q, cu_q)), 256, 0, p);
+    }
   });
   if (!deterministic) return;
   // dQ over the forward schedule (dq_counts, dq_indices: the forward's tiles)

@@ -321,6 +321,33 @@ def test_varlen_matches_naive(mask: str, dtype: torch.dtype, head_dim: int, head
     assert _check(q, k, v, kw, cu).any(), "the document without keys must hold rows that see no key"
 
 
+SPLIT_CASES = [
+    Case("causal-global-window", torch.bfloat16, 64, LONG[0], (6, 2)),
+    Case("global-window", torch.float16, 128, (300, 203), (4, 4)),
+    Case("global-dilation3-window", torch.bfloat16, 96, LONG[1], (6, 1)),
+    Case("everything", torch.float16, 256, (300, 300), (4, 4), softcap=SOFTCAP),
+]
+
+
+@gpu
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
+def test_split_global_key_tiles(case: Case, monkeypatch):
+    """The backward with the global keys' tiles split over blocks of 2 query tiles each (fa2._split; at the default
+    SPLIT_VISITS a split starts past 2048 query rows), their dK and dV added in float32 from the parts."""
+    monkeypatch.setattr(fa2, "SPLIT_VISITS", 2)
+    assert fa2._split(MASKS[case.mask]["global_tokens"], *case.seqlens, (64, 128), case.deterministic)[1] > 1
+    _check_case(case)
+
+
+@gpu
+def test_split_global_key_tiles_varlen(monkeypatch, rng):
+    monkeypatch.setattr(fa2, "SPLIT_VISITS", 2)
+    lens_q, lens_k = _documents(rng)
+    cu = (_cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k))
+    q, k, v = _qkv((sum(lens_q), 4, 128), (sum(lens_k), 1, 128), torch.bfloat16)
+    _check(q, k, v, _mask_kwargs("causal-global-window", len(lens_q), 4, cu[2:]), cu)
+
+
 @gpu
 def test_deterministic_backward_is_bitwise_repeatable():
     """deterministic=True: 20 backward passes give the same bits (dq is where atomics could reorder sums)."""

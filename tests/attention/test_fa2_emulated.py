@@ -6,7 +6,8 @@ machine with a C++ compiler, and races between warps: blocks run lockstep or war
 poison their destination until their wait (csrc/common/emulate.h); timing is left to tests/attention/test_fa2.py
 on a GPU. The cases are small and chosen to reach every instantiation: the plain and general (softcap, dilation,
 layout) kernels, the 32- and 64-key forward tiles, one and two row tiles per warp, both backward layouts (two-level
-at d64 and d128, one-level with the dK/dV columns split over d128), the deterministic dQ pass.
+at d64 and d128, one-level with the dK/dV columns split over d128), the global keys' tiles split over blocks, the
+deterministic dQ pass.
 """
 
 from __future__ import annotations
@@ -88,6 +89,25 @@ def test_emulated_kernels_match_naive(case: str, rng):
         bq, bk = kw["block_size"]
         kw["block_layout"] = torch.rand(heads, -(-sq // bq), -(-sk // bk)) < 0.6
     _check(q, k, v, kw)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "heads", "varlen"), [(64, (4, 2), False), (96, (3, 1), True)], ids=["d64-two-level", "d96-varlen"]
+)
+def test_emulated_split_global_key_tiles(head_dim: int, heads: tuple, varlen: bool, monkeypatch, rng):
+    """The backward of the global keys' tiles split over blocks of one query tile each (fa2._split), their dK and
+    dV added in float32 (split_dkv_kernel): two-level and one-level layouts, batch and varlen."""
+    monkeypatch.setattr(fa2, "SPLIT_VISITS", 1)
+    kw = {"causal": True, "window_size": (40, 0), "global_tokens": 6}
+    if varlen:
+        lens = [200, 9, 150]
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+        q, k, v = _qkv((sum(lens), heads[0], head_dim), (sum(lens), heads[1], head_dim), torch.float16)
+        _check(q, k, v, kw, (cu, cu, max(lens), max(lens)))
+    else:
+        q, k, v = _qkv((2, 200, heads[0], head_dim), (2, 200, heads[1], head_dim), torch.bfloat16)
+        _check(q, k, v, kw)
+    assert fa2._split(6, 200, 200, kernels.fa2(head_dim).bwd_tile, deterministic=False) == (1, 4)
 
 
 def test_emulated_varlen_with_an_empty_document(rng):
