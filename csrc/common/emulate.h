@@ -265,6 +265,17 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
 
 inline void __syncthreads() { legalpt::emu::block.block_barrier.arrive(); }
 
+inline bool __any_sync(unsigned, bool predicate) {
+  using namespace legalpt::emu;
+  WarpScratch& s = warp_scratch();
+  s.value[lane()] = predicate ? 1.f : 0.f;
+  warp_sync();
+  bool any = false;
+  for (int l = 0; l < 32; ++l) any = any || s.value[l] != 0.f;
+  warp_sync();
+  return any;
+}
+
 inline float __shfl_xor_sync(unsigned, float x, int mask) {
   using namespace legalpt::emu;
   WarpScratch& s = warp_scratch();

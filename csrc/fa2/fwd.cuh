@@ -2,8 +2,8 @@
 //
 // Per visited key tile: S = Q K^T on the tensor cores (ldmatrix + mma.sync m16n8k16; each K fragment read from
 // shared memory serves all of the warp's row tiles), the element rule on partial tiles only (a per-row key range,
-// RowMask), online softmax in the log2 domain (running max and sum per row, the output rescaled only by the change
-// of the max), O += P V with P straight from registers. K and V have one shared buffer each and their copies
+// RowMask), online softmax in the log2 domain (running max and sum per row; O is rescaled only when a row's max
+// moves by more than kSlack, under a warp vote), O += P V with P straight from registers. K and V have one shared buffer each and their copies
 // overlap compute: V(t) loads during S(t), K(t+1) during softmax and P V(t); a second resident block per SM covers
 // the barriers. O and the logsumexp are written once at the end.
 #pragma once
@@ -18,9 +18,10 @@ struct FwdTraits {
   // accumulators (D floats per thread) fit the register file up to D = 128.
   static constexpr int kRowTiles = D <= 128 ? 2 : 1;
   static constexpr int kBlockM = 128;  // query rows per block
-  // Keys per tile. 32 where two row tiles carry a large O (D = 96, 128): with 64 the S accumulators beside O spill
-  // (44 bytes at D = 128); on the H200 the d128 forward ran at 0.95x SDPA flash with 32 keys, 0.82-0.88x with 64.
-  static constexpr int kBlockN = kRowTiles == 2 && D > 64 ? 32 : 64;
+  // Keys per tile: 64 (FA2's). At D = 128 the S accumulators beside O fit only because the scale is folded into the
+  // exp2's FFMA and O's rescale is rare (plain: 254 registers, no spill; kGeneral spills 20 bytes). On the H200 the
+  // d128 forward ran at 1.01-1.07x SDPA flash with 64 keys, 0.98-0.99x with 32 (session 5).
+  static constexpr int kBlockN = 64;
   static constexpr int kWarps = kBlockM / (16 * kRowTiles);
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMinBlocks = kRowTiles == 2 ? 2 : 1;  // two resident blocks hide each other's barriers
@@ -45,7 +46,8 @@ __device__ __forceinline__ void mask_tile(const Params& p, float (&s)[R][BN / 8]
     }
 }
 
-// Scores -> log2-domain logits in place (scale, or softcap), and the element rule on a partial tile.
+// Softcap's log2-domain logits in place (plain scores stay raw: their scale is folded into the exp2's FFMA), and the
+// element rule on a partial tile.
 // s: (R row tiles, BN / 8, 4) accumulators of rows i0 + 16 r + 8 (c / 2), keys j0 + 8 n + (c % 2).
 template <bool kGeneral, int R, int BN>
 __device__ __forceinline__ void logits(const Params& p, float (&s)[R][BN / 8][4], bool partial, int i0, int j0,
@@ -57,13 +59,6 @@ __device__ __forceinline__ void logits(const Params& p, float (&s)[R][BN / 8][4]
       for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
         for (int c = 0; c < 4; ++c) s[r][n][c] = p.softcap * kLog2e * tanh_accurate(s[r][n][c] * p.softcap_inv_scale);
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) s[r][n][c] *= p.scale_log2;
   }
   if (partial) mask_tile<kGeneral, R, BN>(p, s, i0, j0, doc, b, h);
 }
@@ -138,30 +133,54 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kM
     }
     cp_async_commit();
 
+    // The reference max of a row moves only when the tile's max passes it by more than kSlack (log2 units): until
+    // then P <= 2^kSlack, exact in float32 and in the P operand, and O needs no rescale. The warp votes, so the
+    // rescale is a uniform branch, rarely taken after the first tiles.
+    constexpr float kSlack = 8.f;
+    // s holds raw scores, or log2-domain logits under softcap; k takes either to the log2 domain
+    const float k = kGeneral && p.softcap > 0.f ? 1.f : p.scale_log2;
+    float tile_max[R][2];
+    bool move = false;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float m = row_max[r][half];
+        float m = -INFINITY;
 #pragma unroll
         for (int n = 0; n < BN / 8; ++n) m = fmaxf(m, fmaxf(s[r][n][2 * half], s[r][n][2 * half + 1]));
-        m = quad_max(m);
-        const float m_safe = m == -INFINITY ? 0.f : m;  // a row that has seen nothing yet keeps p = exp2(-inf) = 0
-        const float correction = exp2f(row_max[r][half] - m_safe);
-        row_max[r][half] = m;
+        tile_max[r][half] = quad_max(m) * k;  // -inf stays -inf: k > 0
+        move |= tile_max[r][half] > row_max[r][half] + kSlack;
+      }
+    if (__any_sync(0xffffffffu, move)) {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float m = fmaxf(row_max[r][half], tile_max[r][half]);
+          const float correction = exp2f(row_max[r][half] - (m == -INFINITY ? 0.f : m));
+          row_max[r][half] = m;
+          row_sum[r][half] *= correction;
+#pragma unroll
+          for (int d = 0; d < D / 8; ++d) {
+            acc[r][d][2 * half] *= correction;
+            acc[r][d][2 * half + 1] *= correction;
+          }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        // a row that has seen nothing yet keeps p = exp2(-inf) = 0
+        const float m_safe = row_max[r][half] == -INFINITY ? 0.f : row_max[r][half];
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < BN / 8; ++n) {
-          s[r][n][2 * half] = exp2f(s[r][n][2 * half] - m_safe);
-          s[r][n][2 * half + 1] = exp2f(s[r][n][2 * half + 1] - m_safe);
+          s[r][n][2 * half] = exp2f(fmaf(s[r][n][2 * half], k, -m_safe));
+          s[r][n][2 * half + 1] = exp2f(fmaf(s[r][n][2 * half + 1], k, -m_safe));
           sum += s[r][n][2 * half] + s[r][n][2 * half + 1];
         }
-        row_sum[r][half] = row_sum[r][half] * correction + sum;
-#pragma unroll
-        for (int d = 0; d < D / 8; ++d) {
-          acc[r][d][2 * half] *= correction;
-          acc[r][d][2 * half + 1] *= correction;
-        }
+        row_sum[r][half] += sum;
       }
 
 #pragma unroll

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from attention_helpers import assert_flash_attn_rule, naive_attention
+from attention_helpers import assert_flash_attn_rule, naive_attention, rising_scores
 from torch import Tensor
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -335,7 +335,8 @@ def test_split_global_key_tiles(case: Case, monkeypatch):
     """The backward with the global keys' tiles split over blocks of 2 query tiles each (fa2._split; at the default
     SPLIT_VISITS a split starts past 2048 query rows), their dK and dV added in float32 from the parts."""
     monkeypatch.setattr(fa2, "SPLIT_VISITS", 2)
-    assert fa2._split(MASKS[case.mask]["global_tokens"], *case.seqlens, (64, 128), case.deterministic)[1] > 1
+    tile = kernels.fa2(case.head_dim).bwd_tile
+    assert fa2._split(MASKS[case.mask]["global_tokens"], *case.seqlens, tile, case.deterministic)[1] > 1
     _check_case(case)
 
 
@@ -346,6 +347,21 @@ def test_split_global_key_tiles_varlen(monkeypatch, rng):
     cu = (_cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k))
     q, k, v = _qkv((sum(lens_q), 4, 128), (sum(lens_k), 1, 128), torch.bfloat16)
     _check(q, k, v, _mask_kwargs("causal-global-window", len(lens_q), 4, cu[2:]), cu)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", HEAD_DIMS[:6])
+@pytest.mark.parametrize(
+    ("mask", "seqlens"), [("causal", LONG[0]), ("none", (113, LONG[1][1]))], ids=["causal", "dense-unequal"]
+)
+def test_rescale_when_the_max_moves(head_dim: int, mask: str, seqlens: tuple):
+    """Scores that rise along the keys: the forward's lazy rescale (O and the row sum, when a row's max passes its
+    reference by more than kSlack) runs in late key tiles, where random scores would never take it."""
+    (sq, sk), shapes = seqlens, ((2, seqlens[0], 4, head_dim), (2, seqlens[1], 2, head_dim))
+    q, k, v = _qkv(*shapes, torch.bfloat16, grad=False)
+    with torch.no_grad():
+        rising_scores(q, k)
+    _check(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), _mask_kwargs(mask, 2, 4, (sq, sk)))
 
 
 @gpu

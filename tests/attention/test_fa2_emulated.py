@@ -17,7 +17,7 @@ import shutil
 
 import pytest
 import torch
-from attention_helpers import assert_flash_attn_rule, naive_attention
+from attention_helpers import assert_flash_attn_rule, naive_attention, rising_scores
 from torch.utils.cpp_extension import is_ninja_available
 
 from legalpt.attention import fa2, flash_attn_func, flash_attn_varlen_func, kernels
@@ -109,6 +109,20 @@ def test_emulated_split_global_key_tiles(head_dim: int, heads: tuple, varlen: bo
         _check(q, k, v, kw)
     tile = kernels.fa2(head_dim).bwd_tile  # (query rows, keys): one block per query tile of the 200 rows
     assert fa2._split(6, 200, 200, tile, deterministic=False) == (1, -(-200 // tile[0]))
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "seqlens", "kw"),
+    [(128, (200, 200), {"causal": True}), (64, (70, 260), {})],
+    ids=["d128-causal", "d64-unequal"],
+)
+def test_emulated_rescale_when_the_max_moves(head_dim: int, seqlens: tuple, kw: dict, rng):
+    """Scores that rise along the keys: the forward's lazy rescale (O and the row sum, when a row's max passes its
+    reference by more than kSlack) runs in late key tiles, where random scores would never take it."""
+    (sq, sk) = seqlens
+    q, k, v = (torch.randn(2, s, 2, head_dim, dtype=torch.bfloat16) for s in (sq, sk, sk))
+    rising_scores(q, k)
+    _check(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), kw)
 
 
 def test_emulated_varlen_with_an_empty_document(rng):
