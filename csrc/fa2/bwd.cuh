@@ -4,9 +4,10 @@
 //   S = Q K^T, P = exp2(S - lse), dP = dO V^T, dS = P (dP - delta) * d(logit)/d(q.k)
 //   dV += P^T dO, dK += dS^T Q, dQ += dS K   (dQ: float32 atomics into dq_accum)
 // 8 warps, in one of two layouts (BwdTraits::kTwoLevel):
-// - two-level, head dims 64 and 128 (FA2's layout): S and dP over 2 x 4 warps of 32 queries x 32 keys; P and dS go
-//   through shared memory; then dK/dV over 4 x 2 warps of 32 keys x D/2 and dQ over 2 x 4 warps of 32 rows x D/4.
-//   Each fragment read from shared memory serves two m16 tiles, and a query tile costs 2 barriers.
+// - two-level, head dims 64 and 128 (FA2's layout): S and dP over (BM / 32) x (8 warps / that) warps of 32 queries
+//   each (d128: 64-row tiles, 2 x 4 warps of 32 keys; d64: 128-row tiles, 4 x 2 warps of 64 keys); P and dS go
+//   through shared memory; then dK/dV over 4 x 2 warps of 32 keys x D/2 and dQ over the same warp grid as S, each
+//   warp 32 rows. Each fragment read from shared memory serves two m16 tiles, and a query tile costs 2 barriers.
 // - one-level, the other head dims: each warp owns 16 keys; S^T and dP^T stay in registers as the A operands of dV
 //   and dK, and dS^T goes through shared memory for dQ (4 row groups x 2 column halves). Over D = 128, 64 keys
 //   per block and the dK/dV columns split in two halves.
@@ -21,7 +22,8 @@ namespace legalpt::fa2 {
 template <typename T, int D>
 struct BwdTraits {
   static constexpr bool kTwoLevel = D == 64 || D == 128;  // dQ's D/4 columns per warp need D % 64 == 0
-  static constexpr int kBlockM = 64;                       // query rows per visited tile
+  // Query rows per visited tile. 128 at d64 (FA2's on sm90): bwd 0.86-0.91x SDPA flash on the H200, 0.73-0.76x with 64
+  static constexpr int kBlockM = kTwoLevel && D == 64 ? 128 : 64;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kKeysPerWarp = kTwoLevel ? 32 : 16;         // dK/dV rows per warp
@@ -162,13 +164,14 @@ __device__ __forceinline__ void kv_grads_two_level(const Params& p, const BwdBlo
                                                    typename BwdTraits<T, D>::Acc& dv) {
   using Tr = BwdTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, PP = BN + 8;
+  constexpr int SW = BM / 32, SK = BN / (Tr::kWarps / SW);  // S/dP: warps along the queries, keys of a warp
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int sq0 = (warp % 2) * 32, sk0 = (warp / 2) * 32;  // S/dP: the warp's queries and keys in the tiles
+  const int sq0 = (warp % SW) * 32, sk0 = (warp / SW) * SK;  // S/dP: the warp's queries and keys in the tiles
   const int key0 = Tr::key0(warp), d0 = Tr::col0(warp);  // dK/dV: the warp's 32 keys and D/2 columns
   T* sP = blk.scratch;      // (BM, PP)
   T* sdS = sP + BM * PP;    // (BM, PP)
 
-  float s[2][4][4] = {}, dp[2][4][4] = {};  // S and dP: (32 queries, 32 keys)
+  float s[2][SK / 8][4] = {}, dp[2][SK / 8][4] = {};  // S and dP: (32 queries, SK keys)
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t aq[2][4], ao[2][4];
@@ -178,7 +181,7 @@ __device__ __forceinline__ void kv_grads_two_level(const Params& p, const BwdBlo
       ldmatrix_x4(ao[m], tile.sdO + (sq0 + 16 * m + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
     }
 #pragma unroll
-    for (int nj = 0; nj < 2; ++nj) {
+    for (int nj = 0; nj < SK / 16; ++nj) {
       const int offset = (sk0 + nj * 16 + (lane & 7) + (lane >> 4) * 8) * DP + kk * 16 + ((lane >> 3) & 1) * 8;
       uint32_t bk[4], bv[4];
       ldmatrix_x4(bk, blk.sK + offset);
@@ -202,15 +205,15 @@ __device__ __forceinline__ void kv_grads_two_level(const Params& p, const BwdBlo
       delta[r] = tile.sDelta[sq0 + 16 * m + lane / 4 + 8 * r];
     }
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+    for (int n = 0; n < SK / 8; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) score_grads<kGeneral>(p, s[m][n][c], dp[m][n][c], lse[c >> 1], delta[c >> 1]);
     if (tile.partial) {
-      mask_rows<kGeneral, 32>(p, tile.m_blk * BM + sq0 + 16 * m, blk.n_blk * BN + sk0, blk.doc, blk.b, tile.h,
+      mask_rows<kGeneral, SK>(p, tile.m_blk * BM + sq0 + 16 * m, blk.n_blk * BN + sk0, blk.doc, blk.b, tile.h,
                               [&](int n, int c) { s[m][n][c] = dp[m][n][c] = 0.f; });
     }
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+    for (int n = 0; n < SK / 8; ++n)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int at = (sq0 + 16 * m + lane / 4 + 8 * r) * PP + sk0 + 8 * n + 2 * (lane % 4);
@@ -251,9 +254,10 @@ __device__ __forceinline__ void kv_grads_two_level(const Params& p, const BwdBlo
 template <typename T, int D>
 __device__ __forceinline__ void q_grads_two_level(const Params& p, const BwdBlock<T>& blk, const BwdTile<T>& tile) {
   using Tr = BwdTraits<T, D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, PP = BN + 8, DQ = D / 4;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, DP = D + 8, PP = BN + 8;
+  constexpr int QW = BM / 32, DQ = D / (Tr::kWarps / QW);  // warps along the rows, columns of a warp
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int q0 = (warp % 2) * 32, dq0 = (warp / 2) * DQ;
+  const int q0 = (warp % QW) * 32, dq0 = (warp / QW) * DQ;
   const T* sdS = blk.scratch + BM * PP;
   float dq[2][DQ / 8][4] = {};
 #pragma unroll
