@@ -355,8 +355,8 @@ def test_split_global_key_tiles_varlen(monkeypatch, rng):
     ("mask", "seqlens"), [("causal", LONG[0]), ("none", (113, LONG[1][1]))], ids=["causal", "dense-unequal"]
 )
 def test_rescale_when_the_max_moves(head_dim: int, mask: str, seqlens: tuple):
-    """Scores that rise along the keys: the forward's lazy rescale (O and the row sum, when a row's max passes its
-    reference by more than kSlack) runs in late key tiles, where random scores would never take it."""
+    """Scores that rise along the keys: the forward's rescale (O and the row sum, skipped while no row of a warp
+    moves its max) runs in every late key tile with large corrections, which random scores never exercise."""
     (sq, sk), shapes = seqlens, ((2, seqlens[0], 4, head_dim), (2, seqlens[1], 2, head_dim))
     q, k, v = _qkv(*shapes, torch.bfloat16, grad=False)
     with torch.no_grad():

@@ -117,8 +117,8 @@ def test_emulated_split_global_key_tiles(head_dim: int, heads: tuple, varlen: bo
     ids=["d128-causal", "d64-unequal"],
 )
 def test_emulated_rescale_when_the_max_moves(head_dim: int, seqlens: tuple, kw: dict, rng):
-    """Scores that rise along the keys: the forward's lazy rescale (O and the row sum, when a row's max passes its
-    reference by more than kSlack) runs in late key tiles, where random scores would never take it."""
+    """Scores that rise along the keys: the forward's rescale (O and the row sum, skipped while no row of a warp
+    moves its max) runs in every late key tile with large corrections, which random scores never exercise."""
     (sq, sk) = seqlens
     q, k, v = (torch.randn(2, s, 2, head_dim, dtype=torch.bfloat16) for s in (sq, sk, sk))
     rising_scores(q, k)
