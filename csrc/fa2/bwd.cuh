@@ -1,5 +1,6 @@
 // FA2 backward: one thread block per (key tile, document, key head), accumulating dK and dV in registers while
-// it visits the query tiles of every query head of its group (GQA costs no extra dK/dV memory or reduction).
+// it visits the query tiles of every query head of its group (GQA costs no extra dK/dV memory or reduction). The
+// key tiles of global tokens, which every query tile visits, are split over several blocks (`split_tiles`).
 // Per visited query tile, recomputed from Q, K and the saved logsumexp:
 //   S = Q K^T, P = exp2(S - lse), dP = dO V^T, dS = P (dP - delta) * d(logit)/d(q.k)
 //   dV += P^T dO, dK += dS^T Q, dQ += dS K   (dQ: float32 atomics into dq_accum)
@@ -21,7 +22,7 @@ namespace legalpt::fa2 {
 
 template <typename T, int D>
 struct BwdTraits {
-  static constexpr bool kTwoLevel = D == 64 || D == 128;  // dQ's D/4 columns per warp need D % 64 == 0
+  static constexpr bool kTwoLevel = D == 64 || D == 128;  // dQ's columns per warp (D/4 or D/2) need D % 64 == 0
   // Query rows per visited tile. 128 at d64 (FA2's on sm90): bwd 0.86-0.91x SDPA flash on the H200, 0.73-0.76x with 64
   static constexpr int kBlockM = kTwoLevel && D == 64 ? 128 : 64;
   static constexpr int kWarps = 8;
@@ -156,7 +157,7 @@ __device__ __forceinline__ void add_dq(const Params& p, const float (&dq)[MT][DQ
     }
 }
 
-// Two-level, first part: S and dP of the warp's 32 queries x 32 keys, P and dS into the scratch, then dV and dK of
+// Two-level, first part: S and dP of the warp's 32 queries x SK keys, P and dS into the scratch, then dV and dK of
 // its 32 keys x D/2 columns.
 template <typename T, int D, bool kGeneral>
 __device__ __forceinline__ void kv_grads_two_level(const Params& p, const BwdBlock<T>& blk, const BwdTile<T>& tile,
@@ -250,7 +251,8 @@ __device__ __forceinline__ void kv_grads_two_level(const Params& p, const BwdBlo
   }
 }
 
-// Two-level, second part: dQ += dS K of the warp's 32 rows x D/4 columns, dS from the scratch.
+// Two-level, second part: dQ += dS K of the warp's 32 rows x DQ columns (D/4 at d128, D/2 at d64), dS from the
+// scratch.
 template <typename T, int D>
 __device__ __forceinline__ void q_grads_two_level(const Params& p, const BwdBlock<T>& blk, const BwdTile<T>& tile) {
   using Tr = BwdTraits<T, D>;

@@ -3,9 +3,9 @@
 // Per visited key tile: S = Q K^T on the tensor cores (ldmatrix + mma.sync m16n8k16; each K fragment read from
 // shared memory serves all of the warp's row tiles), the element rule on partial tiles only (a per-row key range,
 // RowMask), online softmax in the log2 domain (running max and sum per row; O is rescaled only when a row's max
-// moves, under a warp vote), O += P V with P straight from registers. K and V have one shared buffer each and their copies
-// overlap compute: V(t) loads during S(t), K(t+1) during softmax and P V(t); a second resident block per SM covers
-// the barriers. O and the logsumexp are written once at the end.
+// moves, under a warp vote), O += P V with P straight from registers. K and V have one shared buffer each and
+// their copies overlap compute: V(t) loads during S(t), K(t+1) during softmax and P V(t); a second resident block
+// per SM covers the barriers. O and the logsumexp are written once at the end.
 #pragma once
 
 #include "tile.cuh"
@@ -18,9 +18,10 @@ struct FwdTraits {
   // accumulators (D floats per thread) fit the register file up to D = 128.
   static constexpr int kRowTiles = D <= 128 ? 2 : 1;
   static constexpr int kBlockM = 128;  // query rows per block
-  // Keys per tile: 64 (FA2's). At D = 128 the S accumulators beside O fit only because the scale is folded into the
-  // exp2's FFMA and O's rescale is rare (plain: 254 registers, no spill; kGeneral spills 20 bytes). On the H200 the
-  // d128 forward ran at 1.01-1.07x SDPA flash with 64 keys, 0.98-0.99x with 32 (session 5).
+  // Keys per tile: 64 (FA2's). At D = 128 the S accumulators beside O fit since the scale is folded into the exp2's
+  // FFMA and O's rescale sits behind a warp vote (plain: 254 registers, no spill; kGeneral spills 20 bytes). On the
+  // H200, with FA4's slack in the max (session 5), the d128 forward ran at 1.01-1.07x SDPA flash with 64 keys,
+  // 0.98-0.99x with 32; without the slack it is not timed yet.
   static constexpr int kBlockN = 64;
   static constexpr int kWarps = kBlockM / (16 * kRowTiles);
   static constexpr int kThreads = kWarps * 32;
@@ -46,8 +47,17 @@ __device__ __forceinline__ void mask_tile(const Params& p, float (&s)[R][BN / 8]
     }
 }
 
-// Softcap's log2-domain logits in place (plain scores stay raw: their scale is folded into the exp2's FFMA), and the
-// element rule on a partial tile.
+// What takes the scores to the log2 domain in the max and in the exp2's FFMA. The plain kernel keeps them raw and
+// folds their scale into the FFMA, which needs a scale > 0 (a negative one would turn the max into a min; the host
+// sends scales <= 0 to the general kernel). The general one makes them log2-domain logits first, in `logits`: a
+// raw-score path there as well made it spill 76 bytes instead of 20 at d128.
+template <bool kGeneral>
+__device__ __forceinline__ float to_log2(const Params& p) {
+  return kGeneral ? 1.f : p.scale_log2;
+}
+
+// Scores to what the softmax takes, in place: the general kernel's to log2-domain logits (scale, or softcap), the
+// plain kernel's left raw (`to_log2`); then the element rule on a partial tile.
 // s: (R row tiles, BN / 8, 4) accumulators of rows i0 + 16 r + 8 (c / 2), keys j0 + 8 n + (c % 2).
 template <bool kGeneral, int R, int BN>
 __device__ __forceinline__ void logits(const Params& p, float (&s)[R][BN / 8][4], bool partial, int i0, int j0,
@@ -59,6 +69,13 @@ __device__ __forceinline__ void logits(const Params& p, float (&s)[R][BN / 8][4]
       for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
         for (int c = 0; c < 4; ++c) s[r][n][c] = p.softcap * kLog2e * tanh_accurate(s[r][n][c] * p.softcap_inv_scale);
+  } else if (kGeneral) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[r][n][c] *= p.scale_log2;
   }
   if (partial) mask_tile<kGeneral, R, BN>(p, s, i0, j0, doc, b, h);
 }
@@ -133,13 +150,11 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kM
     }
     cp_async_commit();
 
-    // O and the row sums are rescaled only when a row's max moved, under a warp vote (a uniform branch, skipped by
-    // most tiles after the first ones). No slack: FA4 moves the max only past 8 (log2), which skips more rescales
-    // (d128 fwd 1.05-1.08x SDPA flash on the H200), but P's largest values then leave the top of their bf16 binade
-    // and the exact 1 of the max: 1.7x the output's error before rounding (simulated), past 2x FlexAttention's in
-    // test_flex_attention_agrees (session 5).
-    // s holds raw scores, or log2-domain logits under softcap; k takes either to the log2 domain
-    const float k = kGeneral && p.softcap > 0.f ? 1.f : p.scale_log2;
+    // O and the row sums are rescaled only when a row's max moved, under a warp vote (a uniform branch; with random
+    // scores some row of a warp still moves at about 2 tiles in 5 at 4k keys, more often early). No slack: FA4 moves
+    // the max only past 8 (log2), which skips more rescales (d128 fwd 1.05-1.08x SDPA flash on the H200), but P's
+    // largest values then leave the top of their bf16 binade and the exact 1 of the max: 1.7x the output's error
+    // before rounding (scripts/rescale_precision.py), past 2x FlexAttention's in test_flex_attention_agrees.
     float tile_max[R][2];
     bool move = false;
 #pragma unroll
@@ -149,7 +164,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kM
         float m = -INFINITY;
 #pragma unroll
         for (int n = 0; n < BN / 8; ++n) m = fmaxf(m, fmaxf(s[r][n][2 * half], s[r][n][2 * half + 1]));
-        tile_max[r][half] = quad_max(m) * k;  // -inf stays -inf: k > 0
+        tile_max[r][half] = quad_max(m) * to_log2<kGeneral>(p);  // -inf stays -inf: to_log2 > 0
         move |= tile_max[r][half] > row_max[r][half];
       }
     if (__any_sync(0xffffffffu, move)) {
@@ -177,8 +192,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kM
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < BN / 8; ++n) {
-          s[r][n][2 * half] = exp2f(fmaf(s[r][n][2 * half], k, -m_safe));
-          s[r][n][2 * half + 1] = exp2f(fmaf(s[r][n][2 * half + 1], k, -m_safe));
+          s[r][n][2 * half] = exp2f(fmaf(s[r][n][2 * half], to_log2<kGeneral>(p), -m_safe));
+          s[r][n][2 * half + 1] = exp2f(fmaf(s[r][n][2 * half + 1], to_log2<kGeneral>(p), -m_safe));
           sum += s[r][n][2 * half] + s[r][n][2 * half + 1];
         }
         row_sum[r][half] += sum;

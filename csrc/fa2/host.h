@@ -78,10 +78,11 @@ struct Tag {
 };
 
 // Calls f(Tag<element type>, std::bool_constant<general>): the kernels are instantiated per element type and for
-// general masks (softcap, dilation, block layout) apart from the rest (csrc/fa2/fwd.cuh says why).
+// general masks (softcap, dilation, block layout) and scales <= 0 apart from the rest (csrc/fa2/fwd.cuh says why).
 template <typename F>
 void dispatch(const at::Tensor& q, const Params& p, F&& f) {
-  const bool general = p.softcap > 0.f || p.mask.dilation > 1 || p.mask.layout != nullptr;
+  const bool general =
+      p.softcap > 0.f || p.mask.dilation > 1 || p.mask.layout != nullptr || !(p.scale_log2 > 0.f);
   auto with_type = [&](auto tag) {
     if (general) {
       f(tag, std::true_type{});

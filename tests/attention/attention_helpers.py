@@ -119,13 +119,18 @@ def assert_flash_attn_rule(name: str, got: Tensor, exact: Tensor, plain: Tensor,
 
 
 def rising_scores(q: Tensor, k: Tensor) -> None:
-    """Make every row's scores rise along the keys, in place (q, k: (..., S, H, D), not yet requiring grad): the
-    queries' first feature becomes 20, the keys' a ramp from 0 to 20. A row's largest score then climbs by about
-    400 * softmax_scale (50 to 70 log2 units at head dims 64 to 128) over the keys, so its running max moves in
-    every late key tile, by far more than random scores ever move it: the forward's rescale of O and the row sum
-    (csrc/fa2/fwd.cuh) runs there with large corrections. (The same range with smaller queries and larger keys
-    ill-conditions dq: its error grows with the keys' mean, through delta = rowsum(dO * O) from the rounded O, in
-    flash-attn's algorithm and in ours alike.)"""
-    q[..., 0] = 20.0
+    """Make the scores of rows i with i % 8 >= 4 rise along the keys and those of the other rows flat, in place (q,
+    k: (..., S, H, D), not yet requiring grad). Rising rows: the queries' first feature becomes 20, and every key's
+    is a ramp from 0 to 20, so a row's largest score climbs by about 400 * softmax_scale (50 to 70 log2 units at
+    head dims 64 to 128) and its running max moves in every late key tile, far more than random scores ever move
+    it: the forward's rescale of O and the row sum (csrc/fa2/fwd.cuh) runs there with large corrections. Flat rows
+    (queries 0) never move their max after the first tile. In every m16 tile the rising rows are those of the upper
+    16 lanes, so a warp vote that missed them would leave their max stale, which overflows P in float16 (past
+    2^16; in bfloat16 it would go unseen). (The same range with smaller queries and larger keys ill-conditions dq:
+    its error grows with the keys' mean, through delta = rowsum(dO * O) from the rounded O, in flash-attn's
+    algorithm and in ours alike.)"""
+    rising = torch.arange(q.shape[-3], device=q.device) % 8 >= 4
+    q[..., ~rising, :, :] = 0.0
+    q[..., rising, :, 0] = 20.0
     ramp = torch.linspace(0.0, 20.0, k.shape[-3], dtype=torch.float32, device=k.device)
     k[..., 0] = ramp[:, None].to(k.dtype)

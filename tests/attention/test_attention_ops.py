@@ -47,12 +47,9 @@ def test_eager_autograd_matches_the_ops_registered_one(varlen):
     eager = ops.attention(q, k, v, cu_q, cu_k, max_q, max_k, spec, scale, softcap, deterministic, backend)
     registered = torch.ops.legalpt.attention_forward(*args)
     assert type(eager[0].grad_fn).__name__ == "_AttentionBackward"
-    grads = []
-    for out, lse in (eager, registered):
-        assert torch.equal(out, registered[0]) and torch.equal(lse, registered[1])
-        grads.append(torch.autograd.grad((out * out.detach()).sum() + lse.sum(), (q, k, v)))
-    for a, b in zip(*grads, strict=True):
-        assert torch.equal(a, b)
+    assert all(torch.equal(a, b) for a, b in zip(eager, registered, strict=True))
+    grads = [torch.autograd.grad((out * out.detach()).sum() + lse.sum(), (q, k, v)) for out, lse in (eager, registered)]
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
 
 
 def _loss(fn, *args, **kw):

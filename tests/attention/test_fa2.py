@@ -332,17 +332,18 @@ SPLIT_CASES = [
 @gpu
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
 def test_split_global_key_tiles(case: Case, monkeypatch):
-    """The backward with the global keys' tiles split over blocks of 2 query tiles each (fa2._split; at the default
-    SPLIT_VISITS a split starts past 2048 query rows), their dK and dV added in float32 from the parts."""
-    monkeypatch.setattr(fa2, "SPLIT_VISITS", 2)
-    tile = kernels.fa2(case.head_dim).bwd_tile
-    assert fa2._split(MASKS[case.mask]["global_tokens"], *case.seqlens, tile, case.deterministic)[1] > 1
+    """The backward with the global keys' tiles split over blocks of one query tile each (fa2._split; at the default
+    SPLIT_VISITS a split starts past 2048 query rows at d128), their dK and dV added in float32 from the parts."""
+    monkeypatch.setattr(fa2, "SPLIT_VISITS", 1)
+    if MODE != "reference":  # the dry run builds no kernels, and has no split
+        tile = kernels.fa2(case.head_dim).bwd_tile
+        assert fa2._split(MASKS[case.mask]["global_tokens"], *case.seqlens, tile, case.deterministic)[1] > 1
     _check_case(case)
 
 
 @gpu
 def test_split_global_key_tiles_varlen(monkeypatch, rng):
-    monkeypatch.setattr(fa2, "SPLIT_VISITS", 2)
+    monkeypatch.setattr(fa2, "SPLIT_VISITS", 1)
     lens_q, lens_k = _documents(rng)
     cu = (_cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k))
     q, k, v = _qkv((sum(lens_q), 4, 128), (sum(lens_k), 1, 128), torch.bfloat16)
@@ -350,18 +351,30 @@ def test_split_global_key_tiles_varlen(monkeypatch, rng):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_NAMES.get)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS[:6])
 @pytest.mark.parametrize(
     ("mask", "seqlens"), [("causal", LONG[0]), ("none", (113, LONG[1][1]))], ids=["causal", "dense-unequal"]
 )
-def test_rescale_when_the_max_moves(head_dim: int, mask: str, seqlens: tuple):
-    """Scores that rise along the keys: the forward's rescale (O and the row sum, skipped while no row of a warp
-    moves its max) runs in every late key tile with large corrections, which random scores never exercise."""
+def test_rescale_when_the_max_moves(head_dim: int, mask: str, seqlens: tuple, dtype: torch.dtype):
+    """Scores that rise along the keys in some rows: the forward's rescale (O and the row sum, skipped while no row
+    of a warp moves its max) runs in every late key tile with large corrections, which random scores never
+    exercise, and the warp's vote must count the lanes whose rows move (float16 overflows where it does not)."""
     (sq, sk), shapes = seqlens, ((2, seqlens[0], 4, head_dim), (2, seqlens[1], 2, head_dim))
-    q, k, v = _qkv(*shapes, torch.bfloat16, grad=False)
+    q, k, v = _qkv(*shapes, dtype, grad=False)
     with torch.no_grad():
         rising_scores(q, k)
     _check(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), _mask_kwargs(mask, 2, 4, (sq, sk)))
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", HEAD_DIMS[:6])
+@pytest.mark.parametrize("scale", [-0.125, 0.0])
+def test_softmax_scale_of_any_sign(head_dim: int, scale: float):
+    """A scale <= 0 turns the scores' max into a min: the forward takes them to logits before the max."""
+    q, k, v = _qkv((2, 113, 4, head_dim), (2, 203, 2, head_dim), torch.bfloat16)
+    _check(q, k, v, {"causal": True, "window_size": (64, 0), "softmax_scale": scale})
+    _check(q, k, v, {"window_size": (64, 0), "dilation": 2, "softmax_scale": scale})  # the general kernel
 
 
 @gpu

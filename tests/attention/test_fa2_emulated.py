@@ -5,9 +5,10 @@ these tests check the kernels' index math, tile schedules, masks, fragment layou
 machine with a C++ compiler, and races between warps: blocks run lockstep or warp by warp, and cp.async copies
 poison their destination until their wait (csrc/common/emulate.h); timing is left to tests/attention/test_fa2.py
 on a GPU. The cases are small and chosen to reach every instantiation: the plain and general (softcap, dilation,
-layout) kernels, the 32- and 64-key forward tiles, one and two row tiles per warp, both backward layouts (two-level
-at d64 and d128, one-level with the dK/dV columns split over d128), the global keys' tiles split over blocks, the
-deterministic dQ pass.
+layout) kernels, the forward's rescale (rows whose max moves in late tiles, in some lanes only), one and two row
+tiles per warp, a softmax scale <= 0, both backward layouts (two-level at d64 and d128, one-level with the dK/dV
+columns split over d128), the global keys' tiles split over blocks (one and two split tiles), the deterministic dQ
+pass.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ CASES = {  # name: (head_dim, dtype, (Sq, Sk), (heads, kv heads), mask keyword a
     "dense-d256": (256, torch.bfloat16, (100, 100), (2, 2), {}),
     "dense-d96-mqa": (96, torch.float16, (70, 70), (3, 1), {}),
     "causal-d128-deterministic": (128, torch.float16, (140, 140), (2, 2), {"causal": True, "deterministic": True}),
+    # a scale <= 0 turns the max into a min: the scores become logits before it (raw and to_log2 in fwd.cuh)
+    "negative-scale-d64": (64, torch.bfloat16, (70, 70), (2, 2), {"causal": True, "softmax_scale": -0.125}),
+    "zero-scale-dilation-d128": (
+        128, torch.float16, (90, 90), (2, 1), {"window_size": (32, 0), "dilation": 2, "softmax_scale": 0.0},
+    ),
 }  # fmt: skip
 
 
@@ -92,13 +98,18 @@ def test_emulated_kernels_match_naive(case: str, rng):
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "heads", "varlen"), [(64, (4, 2), False), (96, (3, 1), True)], ids=["d64-two-level", "d96-varlen"]
+    ("head_dim", "heads", "varlen", "global_tokens", "split_tiles"),
+    [(64, (4, 2), False, 6, 1), (96, (3, 1), True, 6, 1), (64, (2, 1), False, 140, 2)],
+    ids=["d64-two-level", "d96-varlen", "d64-two-split-tiles"],
 )
-def test_emulated_split_global_key_tiles(head_dim: int, heads: tuple, varlen: bool, monkeypatch, rng):
+def test_emulated_split_global_key_tiles(
+    head_dim: int, heads: tuple, varlen: bool, global_tokens: int, split_tiles: int, monkeypatch, rng
+):
     """The backward of the global keys' tiles split over blocks of one query tile each (fa2._split), their dK and
-    dV added in float32 (split_dkv_kernel): two-level and one-level layouts, batch and varlen."""
+    dV added in float32 (split_dkv_kernel): two-level and one-level layouts, batch and varlen, one and two split
+    key tiles (140 global keys over 128-key tiles)."""
     monkeypatch.setattr(fa2, "SPLIT_VISITS", 1)
-    kw = {"causal": True, "window_size": (40, 0), "global_tokens": 6}
+    kw = {"causal": True, "window_size": (40, 0), "global_tokens": global_tokens}
     if varlen:
         lens = [200, 9, 150]
         cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
@@ -108,19 +119,20 @@ def test_emulated_split_global_key_tiles(head_dim: int, heads: tuple, varlen: bo
         q, k, v = _qkv((2, 200, heads[0], head_dim), (2, 200, heads[1], head_dim), torch.bfloat16)
         _check(q, k, v, kw)
     tile = kernels.fa2(head_dim).bwd_tile  # (query rows, keys): one block per query tile of the 200 rows
-    assert fa2._split(6, 200, 200, tile, deterministic=False) == (1, -(-200 // tile[0]))
+    assert fa2._split(global_tokens, 200, 200, tile, deterministic=False) == (split_tiles, -(-200 // tile[0]))
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "seqlens", "kw"),
-    [(128, (200, 200), {"causal": True}), (64, (70, 260), {})],
-    ids=["d128-causal", "d64-unequal"],
+    ("head_dim", "dtype", "seqlens", "kw"),
+    [(128, torch.float16, (200, 200), {"causal": True}), (64, torch.bfloat16, (70, 260), {})],
+    ids=["d128-causal-fp16", "d64-unequal-bf16"],
 )
-def test_emulated_rescale_when_the_max_moves(head_dim: int, seqlens: tuple, kw: dict, rng):
-    """Scores that rise along the keys: the forward's rescale (O and the row sum, skipped while no row of a warp
-    moves its max) runs in every late key tile with large corrections, which random scores never exercise."""
+def test_emulated_rescale_when_the_max_moves(head_dim: int, dtype: torch.dtype, seqlens: tuple, kw: dict, rng):
+    """Scores that rise along the keys in some rows: the forward's rescale (O and the row sum, skipped while no row
+    of a warp moves its max) runs in every late key tile with large corrections, which random scores never
+    exercise, and the warp's vote must count the lanes whose rows move."""
     (sq, sk) = seqlens
-    q, k, v = (torch.randn(2, s, 2, head_dim, dtype=torch.bfloat16) for s in (sq, sk, sk))
+    q, k, v = (torch.randn(2, s, 2, head_dim, dtype=dtype) for s in (sq, sk, sk))
     rising_scores(q, k)
     _check(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), kw)
 
