@@ -446,6 +446,17 @@ def merged(old: dict, rows: list[dict], head: dict) -> tuple[list[dict], dict]:
     return kept + rows, {**head, "parts": [*old["header"].get("parts", [old["header"]["command"]]), head["command"]]}
 
 
+def write_record(path: Path, old: dict | None, rows: list[dict], head: dict) -> tuple[list[dict], list[dict]]:
+    """Write the record of `rows` (merged into `old`, the record --merge adds to, if any); returns its rows and
+    ratio table. head["complete"] is False while shapes of the run are still to come."""
+    if old is not None:
+        rows, head = merged(old, rows, head)
+    table = ratios(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"header": head, "rows": rows, "ratios": table}, indent=2) + "\n")
+    return rows, table
+
+
 def header(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
     cuda = device.type == "cuda"
     return {
@@ -508,15 +519,14 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":
         print("--device cpu: no peak-memory shapes (they need CUDA memory statistics)")
         torch.set_num_threads(1)  # a dry run on shared cores: several threads mostly wait for each other there
-    start = time.perf_counter()
-    rows = [row for shape in shapes for row in bench_shape(shape, args, device, dtype)]
-    head = header(args, device, dtype)
+    start, head = time.perf_counter(), header(args, device, dtype)
     path = args.out / f"attention-{head['gpu'].replace(' ', '-')}-{datetime.now(timezone.utc):%Y%m%d}.json"
-    if args.merge and path.exists():
-        rows, head = merged(json.loads(path.read_text()), rows, head)
-    table = ratios(rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"header": head, "rows": rows, "ratios": table}, indent=2) + "\n")
+    old = json.loads(path.read_text()) if args.merge and path.exists() else None
+    measured: list[dict] = []
+    for n, shape in enumerate(shapes, 1):
+        measured += bench_shape(shape, args, device, dtype)
+        # the record is rewritten after every shape, so a run cut off by a time limit keeps what it measured
+        rows, table = write_record(path, old, measured, {**head, "complete": n == len(shapes)})
     print(f"\nwrote {path} ({len(rows)} rows, {time.perf_counter() - start:.0f} s)")
     if plot(rows, path.with_suffix(".png")):
         print(f"wrote {path.with_suffix('.png')}")

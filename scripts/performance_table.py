@@ -119,6 +119,8 @@ def attention() -> list[str]:
 def _attention_record(record: dict) -> list[str]:
     h, path, table = record["header"], record["path"], record["ratios"]
     code = h.get("code", f"commit {h['commit']}")  # a note where the measured code differs from the commit
+    if h.get("complete") is False:  # written after each shape: a run cut off by a time limit keeps what it measured
+        code += " (cut off before its last shape)"
     ours = table[0]["ours"] if table else "fa2"
     theirs = ("sdpa-flash", "sdpa-cudnn", "flex")
     lines = [

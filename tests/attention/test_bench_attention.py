@@ -1,0 +1,48 @@
+"""scripts/bench_attention.py as a CPU dry run: its record, and what a run cut off midway leaves."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_attention.py"
+ARGS = ["--device", "cpu", "--masks", "causal", "--head-dims", "64", "--impls", "reference", "--modes", "fwd"]
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_attention", module)  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(out: Path) -> dict:
+    [path] = out.glob("attention-*.json")
+    return json.loads(path.read_text())
+
+
+def test_a_full_run_writes_a_complete_record(bench, tmp_path):
+    assert bench.main([*ARGS, "--out", str(tmp_path)]) == 0
+    record = _record(tmp_path)
+    seqlens = sorted({r["seqlen_q"] for r in record["rows"]})
+    assert record["header"]["complete"] and seqlens == list(bench.CPU_SCALE.seqlens)
+
+
+def test_a_run_cut_off_keeps_the_shapes_it_measured(bench, tmp_path, monkeypatch):
+    measure = bench.bench_shape
+
+    def cut_off_after_the_first(shape, *args):
+        if shape.seqlen != bench.CPU_SCALE.seqlens[0]:
+            raise KeyboardInterrupt  # what a time limit's signal does to the run
+        return measure(shape, *args)
+
+    monkeypatch.setattr(bench, "bench_shape", cut_off_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main([*ARGS, "--out", str(tmp_path)])
+    record = _record(tmp_path)
+    assert not record["header"]["complete"]
+    assert {r["seqlen_q"] for r in record["rows"]} == {bench.CPU_SCALE.seqlens[0]}
