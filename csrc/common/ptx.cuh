@@ -185,4 +185,13 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
+// c0, c1 += a (16x16) * the two 16x8 halves of an ldmatrix_x4 B fragment (b[0], b[1] and b[2], b[3]): a 16x16 tile
+// of the product.
+template <typename T>
+__device__ __forceinline__ void mma_16x16(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                          const uint32_t (&b)[4]) {
+  mma_16816<T>(c0, a, b[0], b[1]);
+  mma_16816<T>(c1, a, b[2], b[3]);
+}
+
 }  // namespace legalpt

@@ -189,10 +189,8 @@ __device__ __forceinline__ void kv_grads_two_level(const Params& p, const BwdBlo
       ldmatrix_x4(bv, blk.sV + offset);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        mma_16816<T>(s[m][2 * nj], aq[m], bk[0], bk[1]);
-        mma_16816<T>(s[m][2 * nj + 1], aq[m], bk[2], bk[3]);
-        mma_16816<T>(dp[m][2 * nj], ao[m], bv[0], bv[1]);
-        mma_16816<T>(dp[m][2 * nj + 1], ao[m], bv[2], bv[3]);
+        mma_16x16<T>(s[m][2 * nj], s[m][2 * nj + 1], aq[m], bk);
+        mma_16x16<T>(dp[m][2 * nj], dp[m][2 * nj + 1], ao[m], bv);
       }
     }
   }
@@ -242,10 +240,8 @@ __device__ __forceinline__ void kv_grads_two_level(const Params& p, const BwdBlo
       ldmatrix_x4_trans(bq, tile.sQ + offset);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        mma_16816<T>(dv[m][2 * nd], ap[m], bo[0], bo[1]);
-        mma_16816<T>(dv[m][2 * nd + 1], ap[m], bo[2], bo[3]);
-        mma_16816<T>(dk[m][2 * nd], as[m], bq[0], bq[1]);
-        mma_16816<T>(dk[m][2 * nd + 1], as[m], bq[2], bq[3]);
+        mma_16x16<T>(dv[m][2 * nd], dv[m][2 * nd + 1], ap[m], bo);
+        mma_16x16<T>(dk[m][2 * nd], dk[m][2 * nd + 1], as[m], bq);
       }
     }
   }
@@ -274,8 +270,7 @@ __device__ __forceinline__ void q_grads_two_level(const Params& p, const BwdBloc
                                 (lane >> 4) * 8);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        mma_16816<T>(dq[m][2 * nd], a[m], bk[0], bk[1]);
-        mma_16816<T>(dq[m][2 * nd + 1], a[m], bk[2], bk[3]);
+        mma_16x16<T>(dq[m][2 * nd], dq[m][2 * nd + 1], a[m], bk);
       }
     }
   }
@@ -304,10 +299,8 @@ __device__ __forceinline__ void kv_grads_one_level(const Params& p, const BwdBlo
       uint32_t bq[4], bo[4];
       ldmatrix_x4(bq, tile.sQ + offset);
       ldmatrix_x4(bo, tile.sdO + offset);
-      mma_16816<T>(st[2 * nj], ak, bq[0], bq[1]);
-      mma_16816<T>(st[2 * nj + 1], ak, bq[2], bq[3]);
-      mma_16816<T>(dpt[2 * nj], av, bo[0], bo[1]);
-      mma_16816<T>(dpt[2 * nj + 1], av, bo[2], bo[3]);
+      mma_16x16<T>(st[2 * nj], st[2 * nj + 1], ak, bq);
+      mma_16x16<T>(dpt[2 * nj], dpt[2 * nj + 1], av, bo);
     }
   }
 #pragma unroll
@@ -334,10 +327,8 @@ __device__ __forceinline__ void kv_grads_one_level(const Params& p, const BwdBlo
       uint32_t bo[4], bq[4];
       ldmatrix_x4_trans(bo, tile.sdO + offset);
       ldmatrix_x4_trans(bq, tile.sQ + offset);
-      mma_16816<T>(dv[0][2 * nd], ap, bo[0], bo[1]);
-      mma_16816<T>(dv[0][2 * nd + 1], ap, bo[2], bo[3]);
-      mma_16816<T>(dk[0][2 * nd], as, bq[0], bq[1]);
-      mma_16816<T>(dk[0][2 * nd + 1], as, bq[2], bq[3]);
+      mma_16x16<T>(dv[0][2 * nd], dv[0][2 * nd + 1], ap, bo);
+      mma_16x16<T>(dk[0][2 * nd], dk[0][2 * nd + 1], as, bq);
     }
     if (d0 == 0 && !p.deterministic) {  // one copy of dS^T for dQ
       T* row = blk.scratch + (key0 + lane / 4) * SP + kq * 16 + 2 * (lane % 4);
@@ -367,8 +358,7 @@ __device__ __forceinline__ void q_grads_one_level(const Params& p, const BwdBloc
       uint32_t bk[4];
       ldmatrix_x4_trans(bk, blk.sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + dq0 + nd * 16 +
                                 (lane >> 4) * 8);
-      mma_16816<T>(dq[0][2 * nd], a, bk[0], bk[1]);
-      mma_16816<T>(dq[0][2 * nd + 1], a, bk[2], bk[3]);
+      mma_16x16<T>(dq[0][2 * nd], dq[0][2 * nd + 1], a, bk);
     }
   }
   add_dq<1, DQ>(p, dq, blk.doc, blk.b, tile.h, tile.m_blk * BM + q0, dq0);
@@ -558,10 +548,8 @@ __global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const _
         uint32_t bk[4], bv[4];
         ldmatrix_x4(bk, sK + offset);
         ldmatrix_x4(bv, sV + offset);
-        mma_16816<T>(s[2 * nj], aq, bk[0], bk[1]);
-        mma_16816<T>(s[2 * nj + 1], aq, bk[2], bk[3]);
-        mma_16816<T>(dp[2 * nj], ao, bv[0], bv[1]);
-        mma_16816<T>(dp[2 * nj + 1], ao, bv[2], bv[3]);
+        mma_16x16<T>(s[2 * nj], s[2 * nj + 1], aq, bk);
+        mma_16x16<T>(dp[2 * nj], dp[2 * nj + 1], ao, bv);
       }
     }
 #pragma unroll
@@ -580,8 +568,7 @@ __global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const _
       for (int nd = 0; nd < D / 16; ++nd) {
         uint32_t bk[4];
         ldmatrix_x4_trans(bk, sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + nd * 16 + (lane >> 4) * 8);
-        mma_16816<T>(dq[2 * nd], a, bk[0], bk[1]);
-        mma_16816<T>(dq[2 * nd + 1], a, bk[2], bk[3]);
+        mma_16x16<T>(dq[2 * nd], dq[2 * nd + 1], a, bk);
       }
     }
   }

@@ -135,8 +135,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kM
         ldmatrix_x4(bk, sK + (nj * 16 + (lane & 7) + (lane >> 4) * 8) * DP + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          mma_16816<T>(s[r][2 * nj], a[r], bk[0], bk[1]);
-          mma_16816<T>(s[r][2 * nj + 1], a[r], bk[2], bk[3]);
+          mma_16x16<T>(s[r][2 * nj], s[r][2 * nj + 1], a[r], bk);
         }
       }
     }
@@ -215,8 +214,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kM
         ldmatrix_x4_trans(bv, sV + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + nd * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          mma_16816<T>(acc[r][2 * nd], a[r], bv[0], bv[1]);
-          mma_16816<T>(acc[r][2 * nd + 1], a[r], bv[2], bv[3]);
+          mma_16x16<T>(acc[r][2 * nd], acc[r][2 * nd + 1], a[r], bv);
         }
       }
     }
