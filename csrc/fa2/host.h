@@ -8,6 +8,9 @@
 
 #include "bwd.cuh"
 #include "fwd.cuh"
+#if defined(LEGALPT_FA3) && !defined(LEGALPT_EMULATE)
+#include "../fa3/fwd.cuh"
+#endif
 
 #ifndef LEGALPT_HEAD_DIM
 #error "build with -DLEGALPT_HEAD_DIM=<32|64|96|128|192|256>"
@@ -101,7 +104,15 @@ inline int documents(const at::Tensor& q, const std::optional<at::Tensor>& cu_q)
   return static_cast<int>(cu_q.has_value() ? cu_q->size(0) - 1 : q.size(0));
 }
 
-template <typename Launch>
+// The forward: fa2's kernels (mma.sync, sm80+), or with kFa3 the Hopper forward (csrc/fa3, wgmma, sm90a) where
+// the build has it (LEGALPT_FA3: sm_90a among its targets) for this head dim (kHasFa3).
+#if defined(LEGALPT_FA3) && !defined(LEGALPT_EMULATE)
+constexpr bool kHasFa3 = kHeadDim == 64 || kHeadDim == 128;
+#else
+constexpr bool kHasFa3 = false;
+#endif
+
+template <typename Launch, bool kFa3 = false>
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
              const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
              int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
@@ -110,12 +121,20 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   const Launch launch(q.device());
   Params p = common_params(q, k, v, lse, cu_q, cu_k, max_q, max_k, counts, indices, layout, mask, scale, softcap);
   p.o = view(out);
-  constexpr int kRows = FwdTraits<__half, kHeadDim>::kBlockM;
-  const dim3 grid((max_q + kRows - 1) / kRows, documents(q, cu_q), p.heads);
   dispatch(q, p, [&](auto tag, auto general) {
     using T = typename decltype(tag)::type;
-    using Tr = FwdTraits<T, kHeadDim>;
-    launch(fwd_kernel<T, kHeadDim, decltype(general)::value>, grid, Tr::kThreads, Tr::kSmem, p);
+    constexpr bool kGeneral = decltype(general)::value;
+    if constexpr (kFa3 && kHasFa3) {
+#if defined(LEGALPT_FA3) && !defined(LEGALPT_EMULATE)
+      using Tr = fa3::FwdTraits<T, kHeadDim>;
+      const dim3 grid((max_q + Tr::kBlockM - 1) / Tr::kBlockM, documents(q, cu_q), p.heads);
+      launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, p);
+#endif
+    } else {
+      using Tr = FwdTraits<T, kHeadDim>;
+      const dim3 grid((max_q + Tr::kBlockM - 1) / Tr::kBlockM, documents(q, cu_q), p.heads);
+      launch(fwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, p);
+    }
   });
 }
 
@@ -205,6 +224,13 @@ inline void add_attributes(pybind11::module& m) {
   m.attr("head_dim") = kHeadDim;
   m.attr("fwd_tile") = pybind11::make_tuple(Fwd::kBlockM, Fwd::kBlockN);  // (query rows, keys) per forward tile
   m.attr("bwd_tile") = pybind11::make_tuple(Bwd::kBlockM, Bwd::kBlockN);  // (query rows, keys) per backward tile
+  m.attr("fa3") = kHasFa3;  // forward_fa3 runs the Hopper forward (else it is fa2's)
+#if defined(LEGALPT_FA3) && !defined(LEGALPT_EMULATE)
+  using Fa3 = fa3::FwdTraits<__half, kHeadDim>;
+  m.attr("fa3_fwd_tile") = kHasFa3 ? pybind11::make_tuple(Fa3::kBlockM, Fa3::kBlockN) : m.attr("fwd_tile");
+#else
+  m.attr("fa3_fwd_tile") = m.attr("fwd_tile");
+#endif
 }
 
 }  // namespace legalpt::fa2::host

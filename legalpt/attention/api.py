@@ -7,7 +7,8 @@ for a wrong type) naming it. What flash-attn offers and legalpt does not (dropou
 instead of being ignored.
 
 Backend: the `backend=` argument, else the environment variable LEGALPT_ATTN_BACKEND, else `set_backend()`, else
-"auto". "fa2" is our FlashAttention-2 CUDA kernels (sm80+, bf16/fp16); "reference" the blockwise PyTorch
+"auto". "fa2" is our FlashAttention-2 CUDA kernels (sm80+, bf16/fp16); "fa3" the same with the forward on Hopper's
+wgmma (sm90, head dims 64 and 128; fa3.py); "reference" the blockwise PyTorch
 implementation (any device and dtype); both serve the custom ops. For comparison: "sdpa" is torch's
 scaled_dot_product_attention with a dense mask, "flex" PyTorch FlexAttention with the same mask (compiled on CUDA).
 "auto" runs fa2 where it can and the reference elsewhere, and logs why once.
@@ -24,7 +25,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from legalpt.attention import fa2, ops, sdpa
+from legalpt.attention import fa2, fa3, ops, sdpa
 from legalpt.attention.masks import Documents, MaskSpec
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def _run_flex(*args) -> tuple[Tensor, Tensor]:
 _BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
     "reference": partial(ops.attention, backend="reference"),
     "fa2": partial(ops.attention, backend="fa2"),
+    "fa3": partial(ops.attention, backend="fa3"),
     "sdpa": _run_sdpa,
     "flex": _run_flex,
 }
@@ -167,6 +169,8 @@ def _resolve_backend(backend: str | None, need_lse: bool, q: Tensor) -> str:
         name = _auto(q)
     elif name == "fa2":
         fa2.check(q)
+    elif name == "fa3":
+        fa3.check(q)
     if need_lse and name in _WITHOUT_LSE:
         raise ValueError(
             f"return_attn_probs: the {name} backend has no logsumexp, expected False (or backend='reference')"

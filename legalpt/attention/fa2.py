@@ -69,17 +69,20 @@ def forward(
     spec: MaskSpec,
     softmax_scale: float,
     softcap: float,
+    hopper: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """out like q; logsumexp float32 (B, H, Sq) for a batch, (H, total_q) for a varlen batch."""
+    """out like q; logsumexp float32 (B, H, Sq) for a batch, (H, total_q) for a varlen batch. `hopper`: the fa3
+    forward (csrc/fa3) where the extension has one for this head dim, with its own tiles."""
     _check_grid(q, cu_seqlens_q)
     ext, head_dim = _extension(q), q.shape[-1]
+    launch, tile = (ext.forward_fa3, ext.fa3_fwd_tile) if hopper else (ext.forward, ext.fwd_tile)
     qk, kk, vk = (_kernel_layout(x, ext.head_dim) for x in (q, k, v))
     out = torch.empty_like(qk)
     lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
     schedule = schedule_for(
-        spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ext.fwd_tile, transposed=False, device=q.device
+        spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, tile, transposed=False, device=q.device
     )
-    ext.forward(
+    launch(
         qk, kk, vk, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, schedule.counts,
         schedule.indices, _layout(spec), _mask_ints(spec), softmax_scale, softcap,
     )  # fmt: skip

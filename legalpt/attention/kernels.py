@@ -9,7 +9,8 @@ a hash of every file under csrc/, so an edited kernel is rebuilt and a stale bui
 tests check their index math, masks and barriers on machines without a GPU.
 
 Environment: LEGALPT_KERNEL_CACHE (the cache folder; default ~/.cache/legalpt/kernels), LEGALPT_CUDA_ARCHS
-(compute capabilities to build, default "80;90": sm_80 machine code runs on Ampere and Ada, sm_90 on Hopper).
+(compute capabilities to build, default "80;90": sm_80 machine code runs on Ampere and Ada, sm_90a on Hopper,
+where it adds the fa3 forward).
 """
 
 from __future__ import annotations
@@ -130,8 +131,16 @@ def _source_hash() -> str:
 
 
 def _gencode_flags() -> list[str]:
-    archs = os.environ.get(ARCHS_ENV, "80;90")
-    return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs.replace(",", ";").split(";") if a.strip()]
+    """nvcc's targets; Hopper's is sm_90a, whose wgmma the fa3 forward needs (LEGALPT_FA3 tells the host code)."""
+    archs = [a.strip() for a in os.environ.get(ARCHS_ENV, "80;90").replace(",", ";").split(";") if a.strip()]
+    archs = ["90a" if a == "90" else a for a in archs]
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    return [*flags, "-DLEGALPT_FA3"] if "90a" in archs else flags
+
+
+def has_fa3() -> bool:
+    """Whether the builds target Hopper (sm_90a), which the fa3 forward runs on."""
+    return "-DLEGALPT_FA3" in _gencode_flags()
 
 
 def build_all(head_dims: tuple[int, ...] = HEAD_DIMS, jobs: int | None = None) -> dict[int, float]:

@@ -2,8 +2,9 @@
 
 Registered with torch.library, with fake (meta) implementations and autograd, so the attention is one opaque node
 under torch.compile(fullgraph=True). The backend is an op argument: each op looks its kernels up in `_KERNELS` by
-name: the reference and our FA2 CUDA kernels (fa2.py). `deterministic` selects fa2's atomic-free dQ; the reference
-backward is deterministic either way. Nothing here compiles or loads CUDA code: fa2 builds on first use.
+name: the reference, our FA2 CUDA kernels (fa2.py) and the Hopper forward beside them (fa3.py). `deterministic`
+selects fa2's atomic-free dQ; the reference backward is deterministic either way. Nothing here compiles or loads
+CUDA code: the kernels build on first use.
 """
 
 from types import ModuleType
@@ -12,10 +13,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from legalpt.attention import fa2, reference
+from legalpt.attention import fa2, fa3, reference
 from legalpt.attention.masks import MaskSpec
 
-_KERNELS: dict[str, ModuleType] = {"reference": reference, "fa2": fa2}  # name -> module with forward(), backward()
+# name -> module with forward(), backward()
+_KERNELS: dict[str, ModuleType] = {"reference": reference, "fa2": fa2, "fa3": fa3}
 
 
 def attention(

@@ -11,6 +11,8 @@ long sequences, 1023 and 2048, to a few blocks; by default they are the full lis
     pytest tests/attention/test_fa2.py
 With LEGALPT_FA2_TEST_BACKEND=fa2-emulated the fa2 kernels themselves run, compiled for the CPU
 (csrc/common/emulate.h): their logic without a GPU, slowly (pick cases with -k), and without races or timing.
+With LEGALPT_FA2_TEST_BACKEND=fa3 the whole file tests the fa3 backend on a Hopper GPU (its forward on wgmma at head
+dims 64 and 128; test_fa3.py runs a share of these cases on fa3 in every GPU run).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from legalpt.attention import (
     set_backend,
 )
 
-MODE = os.environ.get("LEGALPT_FA2_TEST_BACKEND", "fa2")  # fa2 | fa2-emulated | reference
+MODE = os.environ.get("LEGALPT_FA2_TEST_BACKEND", "fa2")  # fa2 | fa3 | fa2-emulated | reference
 EMULATED = MODE == "fa2-emulated"
 BACKEND = "fa2" if EMULATED else MODE
 DEVICE = torch.device(os.environ.get("LEGALPT_FA2_TEST_DEVICE", "cpu" if EMULATED else "cuda"))
@@ -50,7 +52,7 @@ def _unmarked(test):
 
 
 # Per test rather than a module-wide pytestmark, since test_fa2_refuses_cpu_tensors must run without a GPU.
-gpu = pytest.mark.cuda if MODE == "fa2" else _unmarked
+gpu = pytest.mark.cuda if MODE in ("fa2", "fa3") else _unmarked
 only_fa2 = pytest.mark.skipif(MODE != "fa2", reason="fa2's own limits on a GPU; this backend accepts this input")
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -528,7 +530,7 @@ def test_auto_picks_fa2_for_half_precision(dtype: torch.dtype, auto_backend):
     with _OpBackends() as calls:
         flash_attn_func(q, k, v, causal=True)
         flash_attn_varlen_func(q[0], k[0], v[0], _cu([20, 44]), _cu([20, 44]), 44, 44)
-    expected = "fa2" if BACKEND == "fa2" and dtype in DTYPES else "reference"
+    expected = "fa2" if BACKEND in ("fa2", "fa3") and dtype in DTYPES else "reference"
     assert calls.backends == [expected, expected]
 
 

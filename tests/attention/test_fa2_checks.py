@@ -1,5 +1,5 @@
-"""Where fa2 cannot run, the error says why before any launch, and `auto` falls back to the reference (CPU tests:
-the CUDA inputs are stand-ins that carry only what the checks read)."""
+"""Where fa2 or fa3 cannot run, the error says why before any launch, and `auto` falls back to the reference (CPU
+tests: the CUDA inputs are stand-ins that carry only what the checks read)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from legalpt.attention import api, fa2, kernels
+from legalpt.attention import api, fa2, fa3, kernels
 from legalpt.attention.masks import MaskSpec
 
 
@@ -31,6 +31,31 @@ def test_an_old_gpu_is_named_with_its_compute_capability(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Tesla T4")
     with pytest.raises(ValueError, match=r"^backend: fa2 cannot run here: .*>= 8\.0.*Tesla T4 has 7\.5"):
         fa2.check(cuda_input())
+
+
+def test_fa3_needs_a_hopper_gpu_and_a_hopper_build(capable_machine, monkeypatch):
+    with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: it needs a CUDA device .* cpu"):
+        fa3.check(torch.zeros(2, 16, 4, 64, dtype=torch.bfloat16))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A100")
+    with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: .*Hopper.*NVIDIA A100 has 8\.0"):
+        fa3.check(cuda_input())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    monkeypatch.setenv(kernels.ARCHS_ENV, "80")
+    with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: .*not built for sm_90a"):
+        fa3.check(cuda_input())
+    monkeypatch.setattr(kernels, "_build", lambda head_dim: SimpleNamespace(head_dim=head_dim))
+    monkeypatch.setenv(kernels.ARCHS_ENV, "80;90")
+    fa3.check(cuda_input())
+
+
+@pytest.mark.parametrize(("archs", "fa3"), [("80;90", True), ("90", True), ("80", False), ("80,86", False)], ids=str)
+def test_hopper_builds_sm90a_with_the_fa3_forward(monkeypatch, archs: str, fa3: bool):
+    monkeypatch.setenv(kernels.ARCHS_ENV, archs)
+    flags = kernels._gencode_flags()
+    assert ("-gencode=arch=compute_90a,code=sm_90a" in flags) == fa3
+    assert not any(f.endswith("sm_90") for f in flags), "Hopper's target is sm_90a"
+    assert kernels.has_fa3() == fa3 == ("-DLEGALPT_FA3" in flags)
 
 
 def test_a_failed_build_is_a_clear_error_and_auto_falls_back_once(capable_machine, monkeypatch, caplog):

@@ -1,0 +1,221 @@
+// FA3 forward (Hopper, sm90a): one block of two warpgroups per (query tile of 128 rows, document, head), each
+// warpgroup owning 64 rows. S = Q K^T and O += P V run on wgmma (wgmma.cuh): Q, K and V in swizzled shared memory,
+// P straight from the registers S was computed in. Per visited key tile t, each warpgroup issues S(t) and then
+// O += P(t-1) V(t-1), both asynchronous, waits for S(t) alone and computes its softmax while the tensor cores still
+// run P V: FA3's overlap of the softmax with the other matmul, inside a warpgroup. The online softmax and the element
+// rule are the FA2 forward's (csrc/fa2/fwd.cuh); so are the schedule of visited tiles and the output.
+//
+// Copies are cp.async from all threads (no TMA or producer warp yet): K(t+1) and V(t) load while tile t computes,
+// into two buffers each, and one barrier per tile makes them visible.
+#pragma once
+
+#include "../fa2/fwd.cuh"
+#include "wgmma.cuh"
+
+namespace legalpt::fa3 {
+
+using fa2::Document;
+using fa2::Params;
+using fa2::Visits;
+
+template <typename T, int D>
+struct FwdTraits {
+  static constexpr int kWarpGroups = 2;
+  static constexpr int kBlockM = 64 * kWarpGroups;  // query rows per block
+  // Keys per tile: S (64 x 128) and O (64 x D) accumulators and P's fragments fit the 255 registers at D = 128.
+  static constexpr int kBlockN = 128;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kTileBytes = kBlockN * D * sizeof(T);  // one K or V tile
+  // Q, then K and V twice each; 1024 bytes of slack to align the tiles to the swizzle's period
+  static constexpr int kSmem = kBlockM * D * sizeof(T) + 4 * kTileBytes + 1024;
+};
+
+// ROWS x D elements from global memory (row stride `stride`) into a swizzled tile at `dst`; rows at or past `valid`
+// are zero-filled. Each thread copies one 16-byte chunk of every THREADS / (D / 8)-th row (fa2::load_tile says why
+// with a single walking pointer).
+template <typename T, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_swizzled(unsigned char* dst, const T* src, int64_t stride, int valid) {
+  constexpr int kChunks = D / 8, kRowsPerPass = THREADS / kChunks;
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 8 == 0);
+  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+  const T* from = src + r * stride + c * 8;
+  unsigned char* to = dst + swizzled<ROWS>(r, c);  // rows r + kRowsPerPass * it share r's swizzle (r % 8)
+#pragma unroll
+  for (int it = 0; it < ROWS / kRowsPerPass; ++it) {
+    cp_async16(to + it * kRowsPerPass * 128, from, r + it * kRowsPerPass < valid);
+    from += kRowsPerPass * stride;
+  }
+}
+
+// P (64 x 128 keys of a warpgroup, float accumulators) as the A fragments of O += P V, one per 16 keys.
+template <typename T, int BN>
+__device__ __forceinline__ void to_fragments(const float (&s)[BN / 8][4], uint32_t (&a)[BN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    a[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    a[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+// Tile t's scores s (a warpgroup's 64 rows x BN keys, raw) to P, as in the FA2 forward: the element rule, the new
+// running max, P = exp2(logit - max) and the row sums. Then, once P V of the previous tile is done (`in_flight`), O is
+// rescaled if a row of the warp moved its max, and P becomes the A fragments of the next P V.
+template <typename T, int D, int BN, bool kGeneral>
+__device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 8][4], float (&o)[D / 8][4],
+                                               uint32_t (&pa)[BN / 16][4], float (&row_max)[2], float (&row_sum)[2],
+                                               int t, const Visits& vis, int i0, const Document& doc, int b, int h,
+                                               bool in_flight) {
+  const int lane = threadIdx.x % 32;
+  float(&s3)[1][BN / 8][4] = reinterpret_cast<float(&)[1][BN / 8][4]>(s);
+  fa2::logits<kGeneral, 1, BN>(p, s3, t < vis.partial, i0, vis.tiles[t] * BN + 2 * (lane % 4), doc, b, h);
+  float correction[2];
+  bool move = false;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) m = fmaxf(m, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+    m = fmaxf(row_max[half], quad_max(m) * fa2::to_log2<kGeneral>(p));  // -inf stays -inf: to_log2 > 0
+    move |= m > row_max[half];
+    const float m_safe = m == -INFINITY ? 0.f : m;  // a row that has seen nothing yet keeps p = exp2(-inf) = 0
+    correction[half] = exp2f(row_max[half] - m_safe);
+    row_max[half] = m;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) {
+      s[n][2 * half] = exp2f(fmaf(s[n][2 * half], fa2::to_log2<kGeneral>(p), -m_safe));
+      s[n][2 * half + 1] = exp2f(fmaf(s[n][2 * half + 1], fa2::to_log2<kGeneral>(p), -m_safe));
+      sum += s[n][2 * half] + s[n][2 * half + 1];
+    }
+    row_sum[half] = row_sum[half] * correction[half] + sum;
+  }
+  if (in_flight) {
+    wgmma_wait<0>();  // P V of the previous tile is done: O may be rescaled and P's fragments rewritten
+    pin<D / 8>(o);
+    if (__any_sync(0xffffffffu, move)) {
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[d][c] *= correction[c / 2];
+    }
+  }
+  to_fragments<T, BN>(s, pa);
+}
+
+// kGeneral: as in the FA2 forward (softcap, dilation, block layout, scales <= 0).
+template <typename T, int D, bool kGeneral>
+__global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const __grid_constant__ Params p) {
+  static_assert(D == 64 || D == 128, "the fa3 forward is instantiated for head dims 64 and 128");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a; the kernel is empty in the other targets' code, never launched there
+  using Tr = FwdTraits<T, D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* sQ = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BM, D), swizzled
+  unsigned char* sK = sQ + BM * D * sizeof(T);                    // 2 x (BN, D)
+  unsigned char* sV = sK + 2 * Tr::kTileBytes;                    // 2 x (BN, D)
+
+  const int m_blk = gridDim.x - 1 - blockIdx.x;  // the last query tiles see the most keys under causal: start them first
+  const int b = blockIdx.y, h = blockIdx.z, hk = h / p.kv_group;
+  const Document doc = fa2::document(p, b);
+  if (m_blk * BM >= doc.lq) return;
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+  const int i0 = m_blk * BM + 64 * wg + 16 * (threadIdx.x / 32 % 4) + lane / 4;  // the thread's rows: i0, i0 + 8
+  const Visits vis = fa2::visits(p.schedule, b, h, m_blk);
+
+  const T* k = fa2::row_ptr<const T>(p.k, b, doc.k_start, 0, hk);
+  const T* v = fa2::row_ptr<const T>(p.v, b, doc.k_start, 0, hk);
+  load_swizzled<T, BM, D, NT>(sQ, fa2::row_ptr<const T>(p.q, b, doc.q_start, m_blk * BM, h), p.q.row_stride,
+                              doc.lq - m_blk * BM);
+  if (vis.count > 0) {
+    const int n0 = vis.tiles[0] * BN;
+    load_swizzled<T, BN, D, NT>(sK, k + n0 * p.k.row_stride, p.k.row_stride, doc.lk - n0);
+  }
+  cp_async_commit();
+
+  // The warpgroup's 64 rows of Q (each panel holds BM rows), and the first K and V tiles
+  const uint64_t q_desc = descriptor(smem_addr(sQ) + 64 * wg * 128);
+  const uint64_t k_desc = descriptor(smem_addr(sK));
+  const uint64_t v_desc = descriptor(smem_addr(sV), BN * 128);
+
+  float o[D / 8][4] = {};
+  uint32_t pa[BN / 16][4];  // P of the latest tile, as A fragments
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // log2 domain; row_sum: this thread's part
+  float s[BN / 8][4];
+  // Copies of tile t: K(t+1) and V(t), issued once K(t) and V(t-1) have landed and every warpgroup is done with the
+  // buffers they overwrite (S(t-1) and P V(t-2) have been waited for before the barrier)
+  const auto next_copies = [&](int t) {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    if (t + 1 < vis.count) {
+      const int n1 = vis.tiles[t + 1] * BN;
+      load_swizzled<T, BN, D, NT>(sK + (t + 1) % 2 * Tr::kTileBytes, k + n1 * p.k.row_stride, p.k.row_stride,
+                                  doc.lk - n1);
+    }
+    if (t < vis.count) {
+      const int n0 = vis.tiles[t] * BN;
+      load_swizzled<T, BN, D, NT>(sV + t % 2 * Tr::kTileBytes, v + n0 * p.v.row_stride, p.v.row_stride, doc.lk - n0);
+    }
+    cp_async_commit();
+  };
+  const auto issue_s = [&](int t) {  // S = Q K(t)^T; 16 columns of D are 32 bytes of a line, 64 columns a panel
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_ss<T, BN>(s, q_desc + ((kk / 4) * BM * 128 + (kk % 4) * 32) / 16,
+                      k_desc + ((t % 2) * Tr::kTileBytes + (kk / 4) * BN * 128 + (kk % 4) * 32) / 16, kk > 0);
+    wgmma_commit();
+  };
+  const auto issue_pv = [&](int t) {  // O += P(t) V(t); 16 keys are 16 lines of every panel
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_rs<T, D>(o, pa[kk], v_desc + ((t % 2) * Tr::kTileBytes + kk * 16 * 128) / 16);
+    wgmma_commit();
+  };
+
+  if (vis.count > 0) {
+    next_copies(0);
+    wgmma_fence();
+    issue_s(0);
+    wgmma_wait<0>();
+    pin<BN / 8>(s);
+    online_softmax<T, D, BN, kGeneral>(p, s, o, pa, row_max, row_sum, 0, vis, i0, doc, b, h, false);
+  }
+  for (int t = 1; t < vis.count; ++t) {
+    next_copies(t);
+    pin<D / 8>(o);
+    wgmma_fence();
+    issue_s(t);
+    issue_pv(t - 1);
+    wgmma_wait<1>();  // S(t) is done; P V of the previous tile may still run
+    pin<BN / 8>(s);
+    online_softmax<T, D, BN, kGeneral>(p, s, o, pa, row_max, row_sum, t, vis, i0, doc, b, h, true);
+  }
+  if (vis.count > 0) {
+    next_copies(vis.count);
+    pin<D / 8>(o);
+    wgmma_fence();
+    issue_pv(vis.count - 1);
+    wgmma_wait<0>();
+    pin<D / 8>(o);
+  }
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float l = quad_sum(row_sum[half]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key: output 0
+    const int i = i0 + 8 * half;
+    if (i >= doc.lq) continue;
+    T* out = fa2::row_ptr<T>(p.o, b, doc.q_start, i, h) + 2 * (lane % 4);
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d)
+      *reinterpret_cast<uint32_t*>(out + 8 * d) = pack2<T>(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+    if (lane % 4 == 0)
+      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + i] =
+          l > 0.f ? (row_max[half] + log2f(l)) * fa2::kLn2 : -INFINITY;
+  }
+#endif
+}
+
+}  // namespace legalpt::fa3

@@ -1,0 +1,51 @@
+"""The `fa3` backend: our Hopper attention forward (csrc/fa3: wgmma on sm90a) behind the attention custom ops.
+
+The forward runs on warpgroup MMAs at head dims 64 and 128 (others are zero-padded to the fa2 kernels' head dims and
+run fa2's forward); the backward is fa2's. Both come from the same extension as fa2's kernels (kernels.py builds
+sm_90a for Hopper), so the schedules, checks and padding are fa2.py's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from legalpt.attention import fa2, kernels
+from legalpt.attention.masks import MaskSpec
+
+backward = fa2.backward
+
+
+def check(q: Tensor) -> None:
+    """ValueError naming what keeps the fa3 backend from running on these inputs (called before any launch); then
+    fa2.check's checks of the inputs and the build."""
+    if q.device.type != "cuda":
+        raise ValueError(f"backend: fa3 cannot run here: it needs a CUDA device and the inputs are on {q.device.type}")
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if (major, minor) != (9, 0):
+        name = torch.cuda.get_device_name(q.device)
+        raise ValueError(f"backend: fa3 cannot run here: it needs a Hopper GPU (sm90), and {name} has {major}.{minor}")
+    if not kernels.has_fa3():
+        raise ValueError(
+            f"backend: fa3 cannot run here: the kernels are not built for sm_90a ({kernels.ARCHS_ENV} lacks 90)"
+        )
+    fa2.check(q)
+
+
+def forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor | None,
+    cu_seqlens_k: Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    spec: MaskSpec,
+    softmax_scale: float,
+    softcap: float,
+) -> tuple[Tensor, Tensor]:
+    """fa2.forward's contract, on the Hopper forward."""
+    check(q)
+    return fa2.forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, softmax_scale, softcap, hopper=True
+    )

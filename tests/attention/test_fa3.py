@@ -1,0 +1,60 @@
+"""The fa3 backend (issue 3: the forward on Hopper's wgmma, csrc/fa3) on a GPU run of its own: test_fa2.py's cases
+at head dims 64 and 128 (every mask, both dtypes, odd and unequal lengths, GQA and MQA, softcap, strided inputs),
+rows that see no key, varlen packs and FlexAttention as a second reference, all through test_fa2.py's checks with the
+backend switched to fa3. `LEGALPT_FA2_TEST_BACKEND=fa3 pytest tests/attention/test_fa2.py` runs all of test_fa2.py
+on fa3. The CPU tests of its checks and build flags are in test_fa2_checks.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import test_fa2 as base
+import torch
+
+pytestmark = pytest.mark.cuda
+
+HEAD_DIMS = (64, 128)  # the fa3 forward's; others run fa2's forward
+CASES = [case for case in base._cases() if case.head_dim in HEAD_DIMS]
+
+
+@pytest.fixture(autouse=True)
+def _on_fa3(monkeypatch, rng) -> None:
+    """The backend under test is fa3 (on a Hopper GPU), with fresh inputs seeded by tests/conftest.py's rng."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fa3 forward needs a Hopper GPU (sm90)")
+    monkeypatch.setattr(base, "BACKEND", "fa3")
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matches_naive(case: base.Case):
+    base._check_case(case)
+
+
+@pytest.mark.parametrize("case", base.NO_KEY_CASES, ids=str)
+def test_rows_that_see_no_key(case: base.Case):
+    assert base._check_case(case).any()
+
+
+@pytest.mark.parametrize("mask", base.VARLEN_MASKS)
+def test_varlen_matches_naive(mask: str, rng):
+    base.test_varlen_matches_naive(mask, torch.bfloat16, 128, (6, 2), False, rng)
+
+
+@pytest.mark.parametrize("case", list(base.FLEX_CASES))
+def test_flex_attention_agrees(case: str):
+    base.test_flex_attention_agrees(case)
+
+
+@pytest.mark.parametrize("dtype", base.DTYPES, ids=base.DTYPE_NAMES.get)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize(
+    ("mask", "seqlens"), [("causal", base.LONG[0]), ("none", (113, base.LONG[1][1]))], ids=["causal", "dense-unequal"]
+)
+def test_rescale_when_the_max_moves(head_dim: int, mask: str, seqlens: tuple, dtype: torch.dtype):
+    base.test_rescale_when_the_max_moves(head_dim, mask, seqlens, dtype)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("scale", [-0.125, 0.0])
+def test_softmax_scale_of_any_sign(head_dim: int, scale: float):
+    base.test_softmax_scale_of_any_sign(head_dim, scale)
