@@ -1,4 +1,4 @@
-"""Attention speed: our kernels (fa2, later fa3) against torch SDPA's flash and cuDNN backends and FlexAttention.
+"""Attention speed: our kernels (fa2, fa3) against torch SDPA's flash and cuDNN backends and FlexAttention.
 
 The benchmark of issue 3. In one process and on the same inputs (seeded, bf16), every implementation runs every
 shape in three modes: fwd; bwd, the backward alone (torch.autograd.grad with retain_graph on an output computed
@@ -59,7 +59,7 @@ from legalpt.provenance import commit
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("fwd", "bwd", "fwd+bwd")
 BWD_FLOPS = 2.5  # backward FLOPs per forward FLOP
-OURS = ("fa2", "reference")  # the implementation the ratios are of: the first of these that runs
+OURS = ("fa3", "fa2", "reference")  # the implementation the ratios are of: the first of these that runs
 THEIRS = ("sdpa-flash", "sdpa-cudnn", "flex")  # what the ratios compare it with
 DIFF_BASELINES = ("sdpa-flash", "flex", "sdpa-cudnn", "reference", "fa2", "fa3")  # whose output a check compares with
 CUDA_IMPLS = {"fa2", "fa3", "sdpa-flash", "sdpa-cudnn"}
@@ -379,7 +379,7 @@ def _key(row: dict) -> tuple:
 
 def format_ratios(table: list[dict]) -> str:
     if not table:
-        return "no ratios: the implementation of ours (fa2, or reference on the CPU) has no measured row"
+        return "no ratios: the implementation of ours (fa3, fa2, or reference on the CPU) has no measured row"
     ours = table[0]["ours"]
     lines = [
         f"{'mask':<20} {'d':>3} {'seqlen':>6} {'BxH':>6} {'mode':<7} {ours + ' ms':>10} "
