@@ -364,6 +364,38 @@ __device__ __forceinline__ void q_grads_one_level(const Params& p, const BwdBloc
   add_dq<1, DQ>(p, dq, blk.doc, blk.b, tile.h, tile.m_blk * BM + q0, dq0);
 }
 
+// A warp's dK and dV (KT m16 tiles of keys from key j0 of the document, DW columns from d0) to dk and dv, or, for a
+// split key tile, added in float32 into dkv_split (converted by split_dkv_kernel).
+template <typename T, int KT, int DW, int D>
+__device__ __forceinline__ void store_dkv(const Params& p, const float (&dk)[KT][DW / 8][4],
+                                          const float (&dv)[KT][DW / 8][4], const Document& doc, int b, int hk,
+                                          int j0, int d0, bool split) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int m = 0; m < KT; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = j0 + 16 * m + lane / 4 + 8 * r;
+      if (j >= doc.lk) continue;
+      if (split) {
+        float* row = row_ptr<float>(p.dkv_split, b, 0, j, hk) + d0 + 2 * (lane % 4);
+#pragma unroll
+        for (int n = 0; n < DW / 8; ++n) {
+          atomic_add2(row + 8 * n, dk[m][n][2 * r], dk[m][n][2 * r + 1]);
+          atomic_add2(row + D + 8 * n, dv[m][n][2 * r], dv[m][n][2 * r + 1]);
+        }
+        continue;
+      }
+      T* dk_row = row_ptr<T>(p.dk, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
+      T* dv_row = row_ptr<T>(p.dv, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
+#pragma unroll
+      for (int n = 0; n < DW / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(dk_row + 8 * n) = pack2<T>(dk[m][n][2 * r], dk[m][n][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(dv_row + 8 * n) = pack2<T>(dv[m][n][2 * r], dv[m][n][2 * r + 1]);
+      }
+    }
+}
+
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
 __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __grid_constant__ Params p) {
   using Tr = BwdTraits<T, D>;
@@ -442,29 +474,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
   }
   cp_async_wait<0>();
 
-#pragma unroll
-  for (int m = 0; m < KT; ++m)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int j = n_blk * BN + key0 + 16 * m + lane / 4 + 8 * r;
-      if (j >= doc.lk) continue;
-      if (split) {  // a part of the sums: added in float32, converted by split_dkv_kernel
-        float* row = row_ptr<float>(p.dkv_split, b, 0, j, hk) + d0 + 2 * (lane % 4);
-#pragma unroll
-        for (int n = 0; n < DW / 8; ++n) {
-          atomic_add2(row + 8 * n, dk[m][n][2 * r], dk[m][n][2 * r + 1]);
-          atomic_add2(row + D + 8 * n, dv[m][n][2 * r], dv[m][n][2 * r + 1]);
-        }
-        continue;
-      }
-      T* dk_row = row_ptr<T>(p.dk, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
-      T* dv_row = row_ptr<T>(p.dv, b, doc.k_start, j, hk) + d0 + 2 * (lane % 4);
-#pragma unroll
-      for (int n = 0; n < DW / 8; ++n) {
-        *reinterpret_cast<uint32_t*>(dk_row + 8 * n) = pack2<T>(dk[m][n][2 * r], dk[m][n][2 * r + 1]);
-        *reinterpret_cast<uint32_t*>(dv_row + 8 * n) = pack2<T>(dv[m][n][2 * r], dv[m][n][2 * r + 1]);
-      }
-    }
+  store_dkv<T, KT, DW, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, d0, split);
 }
 
 // dK and dV of the split key tiles, from their float32 sums in dkv_split: one block per (row, document), a thread

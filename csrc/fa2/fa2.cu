@@ -35,4 +35,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward_fa3", &host::forward<CudaLaunch, true>, "the Hopper forward where built (`fa3`), else FA2's");
   m.def("prepare", &host::prepare<CudaLaunch>, "backward preprocessing: delta = rowsum(dO * O) - dlse, lse in log2");
   m.def("backward", &host::backward<CudaLaunch>, "FA2 attention backward (accumulates dq_accum, writes dk and dv)");
+  m.def("backward_fa3", &host::backward<CudaLaunch, true>, "the Hopper backward where built (`fa3`), else FA2's");
 }

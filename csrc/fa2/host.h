@@ -9,7 +9,7 @@
 #include "bwd.cuh"
 #include "fwd.cuh"
 #if defined(LEGALPT_FA3) && !defined(LEGALPT_EMULATE)
-#include "../fa3/fwd.cuh"
+#include "../fa3/bwd.cuh"
 #endif
 
 #ifndef LEGALPT_HEAD_DIM
@@ -104,8 +104,8 @@ inline int documents(const at::Tensor& q, const std::optional<at::Tensor>& cu_q)
   return static_cast<int>(cu_q.has_value() ? cu_q->size(0) - 1 : q.size(0));
 }
 
-// The forward: fa2's kernels (mma.sync, sm80+), or with kFa3 the Hopper forward (csrc/fa3, wgmma, sm90a) where
-// the build has it (LEGALPT_FA3: sm_90a among its targets) for this head dim (kHasFa3).
+// The forward: fa2's kernels (mma.sync, sm80+), or with kFa3 the Hopper ones (csrc/fa3, wgmma, sm90a) where the
+// build has them (LEGALPT_FA3: sm_90a among its targets) for this head dim (kHasFa3).
 #if defined(LEGALPT_FA3) && !defined(LEGALPT_EMULATE)
 constexpr bool kHasFa3 = kHeadDim == 64 || kHeadDim == 128;
 #else
@@ -138,7 +138,8 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   });
 }
 
-template <typename Launch>
+// The backward: fa2's kernel, or with kFa3 the Hopper one (csrc/fa3) where the build has it; both over 128-key tiles.
+template <typename Launch, bool kFa3 = false>
 void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               const at::Tensor& lse_log2, const at::Tensor& delta, at::Tensor& dq_accum, at::Tensor& dk, at::Tensor& dv,
               const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
@@ -165,8 +166,17 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   const dim3 grid(key_blocks, documents(q, cu_q), k.size(-2));
   dispatch(q, p, [&](auto tag, auto general) {
     using T = typename decltype(tag)::type;
-    using Tr = BwdTraits<T, kHeadDim>;
-    launch(bwd_kernel<T, kHeadDim, decltype(general)::value>, grid, Tr::kThreads, Tr::kSmem, p);
+    constexpr bool kGeneral = decltype(general)::value;
+    if constexpr (kFa3 && kHasFa3) {
+#if defined(LEGALPT_FA3) && !defined(LEGALPT_EMULATE)
+      using Tr = fa3::BwdTraits<T, kHeadDim>;
+      static_assert(Tr::kBlockN == kKeys, "split_dkv_kernel and the grid assume fa2's key tiles");
+      launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, p);
+#endif
+    } else {
+      using Tr = BwdTraits<T, kHeadDim>;
+      launch(bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, p);
+    }
     if (p.split_chunks > 1) {
       launch(split_dkv_kernel<T, kHeadDim>, dim3(p.split_tiles * kKeys, documents(q, cu_q)), 256, 0, p);
     }
@@ -224,12 +234,15 @@ inline void add_attributes(pybind11::module& m) {
   m.attr("head_dim") = kHeadDim;
   m.attr("fwd_tile") = pybind11::make_tuple(Fwd::kBlockM, Fwd::kBlockN);  // (query rows, keys) per forward tile
   m.attr("bwd_tile") = pybind11::make_tuple(Bwd::kBlockM, Bwd::kBlockN);  // (query rows, keys) per backward tile
-  m.attr("fa3") = kHasFa3;  // forward_fa3 runs the Hopper forward (else it is fa2's)
+  m.attr("fa3") = kHasFa3;  // forward_fa3 and backward_fa3 run the Hopper kernels (else they are fa2's)
 #if defined(LEGALPT_FA3) && !defined(LEGALPT_EMULATE)
-  using Fa3 = fa3::FwdTraits<__half, kHeadDim>;
-  m.attr("fa3_fwd_tile") = kHasFa3 ? pybind11::make_tuple(Fa3::kBlockM, Fa3::kBlockN) : m.attr("fwd_tile");
+  using Fa3Fwd = fa3::FwdTraits<__half, kHeadDim>;
+  using Fa3Bwd = fa3::BwdTraits<__half, kHeadDim>;
+  m.attr("fa3_fwd_tile") = kHasFa3 ? pybind11::make_tuple(Fa3Fwd::kBlockM, Fa3Fwd::kBlockN) : m.attr("fwd_tile");
+  m.attr("fa3_bwd_tile") = kHasFa3 ? pybind11::make_tuple(Fa3Bwd::kBlockM, Fa3Bwd::kBlockN) : m.attr("bwd_tile");
 #else
   m.attr("fa3_fwd_tile") = m.attr("fwd_tile");
+  m.attr("fa3_bwd_tile") = m.attr("bwd_tile");
 #endif
 }
 

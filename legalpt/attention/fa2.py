@@ -105,26 +105,28 @@ def backward(
     softmax_scale: float,
     softcap: float,
     deterministic: bool = False,
+    hopper: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of `forward`."""
+    """dq, dk, dv of `forward`. `hopper`: the fa3 backward (csrc/fa3) where the extension has one, with its tiles."""
     _check_grid(q, cu_seqlens_q)
     ext, head_dim = _extension(q), q.shape[-1]
+    launch, tile = (ext.backward_fa3, ext.fa3_bwd_tile) if hopper else (ext.backward, ext.bwd_tile)
     qk, kk, vk, dok = (_kernel_layout(x, ext.head_dim) for x in (q, k, v, dout))
     lse = lse.contiguous()
     delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
     ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta)
     dq_accum = torch.zeros(qk.shape, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(kk), torch.empty_like(vk)
-    split_tiles, split_chunks = _split(spec.global_tokens, max_seqlen_q, max_seqlen_k, ext.bwd_tile, deterministic)
+    split_tiles, split_chunks = _split(spec.global_tokens, max_seqlen_q, max_seqlen_k, tile, deterministic)
     documents = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
-    rows = split_tiles * ext.bwd_tile[1]  # (documents, rows, key heads, dK and dV)
+    rows = split_tiles * tile[1]  # (documents, rows, key heads, dK and dV)
     dkv_split = torch.zeros((documents, rows, kk.shape[-2], 2 * ext.head_dim), device=q.device, dtype=torch.float32)
     shape = (spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    by_key_tile = schedule_for(*shape, ext.bwd_tile, transposed=True, device=q.device)
+    by_key_tile = schedule_for(*shape, tile, transposed=True, device=q.device)
     by_query_tile = by_key_tile  # deterministic: dQ gets its own pass over the forward's tiles (csrc/fa2/bwd.cuh)
     if deterministic:
         by_query_tile = schedule_for(*shape, ext.fwd_tile, transposed=False, device=q.device)
-    ext.backward(
+    launch(
         dok, qk, kk, vk, lse_log2, delta, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         max_seqlen_k, by_key_tile.counts, by_key_tile.indices, _layout(spec), _mask_ints(spec), softmax_scale, softcap,
         by_query_tile.counts, by_query_tile.indices, deterministic, split_tiles, split_chunks, dkv_split,

@@ -1,8 +1,8 @@
-"""The `fa3` backend: our Hopper attention forward (csrc/fa3: wgmma on sm90a) behind the attention custom ops.
+"""The `fa3` backend: our Hopper attention kernels (csrc/fa3: wgmma on sm90a) behind the attention custom ops.
 
-The forward runs on warpgroup MMAs at head dims 64 and 128 (others are zero-padded to the fa2 kernels' head dims and
-run fa2's forward); the backward is fa2's. Both come from the same extension as fa2's kernels (kernels.py builds
-sm_90a for Hopper), so the schedules, checks and padding are fa2.py's.
+Forward and backward run on warpgroup MMAs at head dims 64 and 128; other head dims are zero-padded to the fa2
+kernels' and run those, as does the deterministic backward's dQ pass. The kernels come from the same extension as
+fa2's (kernels.py builds sm_90a for Hopper), so the schedules, checks and padding are fa2.py's.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from torch import Tensor
 
 from legalpt.attention import fa2, kernels
 from legalpt.attention.masks import MaskSpec
-
-backward = fa2.backward
 
 
 def check(q: Tensor) -> None:
@@ -49,3 +47,28 @@ def forward(
     return fa2.forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, softmax_scale, softcap, hopper=True
     )
+
+
+def backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    dlse: Tensor | None,
+    cu_seqlens_q: Tensor | None,
+    cu_seqlens_k: Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    spec: MaskSpec,
+    softmax_scale: float,
+    softcap: float,
+    deterministic: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """fa2.backward's contract, on the Hopper backward."""
+    check(q)
+    return fa2.backward(
+        dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, softmax_scale,
+        softcap, deterministic, hopper=True,
+    )  # fmt: skip

@@ -1,8 +1,9 @@
-"""The fa3 backend (issue 3: the forward on Hopper's wgmma, csrc/fa3) on a GPU run of its own: test_fa2.py's cases
-at head dims 64 and 128 (every mask, both dtypes, odd and unequal lengths, GQA and MQA, softcap, strided inputs),
-rows that see no key, varlen packs and FlexAttention as a second reference, all through test_fa2.py's checks with the
-backend switched to fa3. `LEGALPT_FA2_TEST_BACKEND=fa3 pytest tests/attention/test_fa2.py` runs all of test_fa2.py
-on fa3. The CPU tests of its checks and build flags are in test_fa2_checks.py.
+"""The fa3 backend (issue 3: forward and backward on Hopper's wgmma, csrc/fa3) on a GPU run of its own: test_fa2.py's
+cases at head dims 64 and 128 (every mask, both dtypes, odd and unequal lengths, GQA and MQA, softcap, strided
+inputs, deterministic dQ), rows that see no key, varlen packs, split global key tiles and FlexAttention as a second
+reference, all through test_fa2.py's checks (out, lse, dq, dk, dv) with the backend switched to fa3.
+`LEGALPT_FA2_TEST_BACKEND=fa3 pytest tests/attention/test_fa2.py` runs all of test_fa2.py on fa3. The CPU tests of
+its checks and build flags are in test_fa2_checks.py.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ def test_rows_that_see_no_key(case: base.Case):
 @pytest.mark.parametrize("mask", base.VARLEN_MASKS)
 def test_varlen_matches_naive(mask: str, rng):
     base.test_varlen_matches_naive(mask, torch.bfloat16, 128, (6, 2), False, rng)
+
+
+@pytest.mark.parametrize("case", [c for c in base.SPLIT_CASES if c.head_dim in HEAD_DIMS], ids=str)
+def test_split_global_key_tiles(case: base.Case, monkeypatch):
+    base.test_split_global_key_tiles(case, monkeypatch)
+
+
+def test_deterministic_backward_is_bitwise_repeatable():
+    base.test_deterministic_backward_is_bitwise_repeatable()
 
 
 @pytest.mark.parametrize("case", list(base.FLEX_CASES))

@@ -1,0 +1,194 @@
+// FA3 backward (Hopper, sm90a): one block of two warpgroups per (key tile of 128 keys, document, key head), each
+// warpgroup owning 64 keys and their dK and dV accumulators, over the same visits as the FA2 backward
+// (csrc/fa2/bwd.cuh: every query head of the group, split key tiles, the deterministic dQ pass). Per query tile of
+// 64 rows, recomputed from Q, K and the saved logsumexp, on wgmma (wgmma.cuh):
+//   S^T = K Q^T and dP^T = V dO^T (A and B from swizzled shared memory)
+//   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) d(logit)/d(q.k), in registers (FA2's score_grads)
+//   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register A operands, dO and Q N-major from shared memory)
+//   dQ += dS K: dS^T goes through shared memory (M-major A); float32 atomics into dq_accum
+// At D = 128 each warpgroup computes dQ's 64 columns of its half of D over all 128 keys (both warpgroups' dS^T: one
+// barrier); at D = 64 all 64 columns over its own 64 keys (no barrier; twice the atomics of one pass, as many per
+// thread). Copies are cp.async from all threads: the next query tile's Q, dO, logsumexp and delta load while this
+// one computes, into a second stage.
+#pragma once
+
+#include "../fa2/bwd.cuh"
+#include "fwd.cuh"
+
+namespace legalpt::fa3 {
+
+template <typename T, int D>
+struct BwdTraits {
+  static constexpr int kBlockM = 64;   // query rows per visited tile: the N of S^T's wgmma
+  static constexpr int kBlockN = 128;  // keys per block: 64 per warpgroup, the M of every wgmma
+  static constexpr int kThreads = 256;
+  static constexpr int kKeyTileBytes = kBlockN * D * sizeof(T);    // K or V
+  static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
+  static constexpr bool kDqOverAllKeys = D == 128;  // dQ's split between the warpgroups: D's halves (else the keys)
+  // K, V; Q and dO twice; dS^T (BN, BM); logsumexp and delta twice; 1024 bytes to align to the swizzle's period
+  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + kBlockN * kBlockM * sizeof(T) +
+                               4 * kBlockM * sizeof(float) + 1024;
+};
+
+// A warpgroup's P^T (or dS^T): 64 keys x 64 queries, bf16, into the swizzled (BN, BM) dS^T tile at rows `key0`...
+template <typename T, int BN, int BM>
+__device__ __forceinline__ void store_transposed(unsigned char* dst, const float (&x)[BM / 8][4], int key0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = key0 + lane / 4 + 8 * r;
+      *reinterpret_cast<uint32_t*>(dst + swizzled<BN>(row, n) + 4 * (lane % 4)) = pack2<T>(x[n][2 * r], x[n][2 * r + 1]);
+    }
+}
+
+template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
+__global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const __grid_constant__ Params p) {
+  static_assert(D == 64 || D == 128, "the fa3 backward is instantiated for head dims 64 and 128");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a; the kernel is empty in the other targets' code, never launched there
+  using Tr = BwdTraits<T, D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* sK = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BN, D), swizzled
+  unsigned char* sV = sK + Tr::kKeyTileBytes;                      // (BN, D)
+  unsigned char* sQ0 = sV + Tr::kKeyTileBytes;                     // 2 x (BM, D)
+  unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
+  unsigned char* sdS = sdO0 + 2 * Tr::kQueryTileBytes;             // (BN, BM): dS^T
+  float* sLse0 = reinterpret_cast<float*>(sdS + BN * BM * sizeof(T));  // 2 x (BM) log2 domain
+  float* sDelta0 = sLse0 + 2 * BM;                                     // 2 x (BM)
+
+  // The split key tiles come first, split_chunks blocks each (as in fa2::bwd_kernel); chunk -1 is a whole tile.
+  const int split_blocks = p.split_tiles * p.split_chunks, b = blockIdx.y, hk = blockIdx.z;
+  const bool split = static_cast<int>(blockIdx.x) < split_blocks;
+  const int n_blk = split ? blockIdx.x / p.split_chunks : blockIdx.x - split_blocks + p.split_tiles;
+  const int chunk = split ? blockIdx.x % p.split_chunks : -1;
+  const Document doc = fa2::document(p, b);
+  if (n_blk * BN >= doc.lk) return;
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+  const int key0 = 64 * wg + 16 * (threadIdx.x / 32 % 4);  // the warp's first key in the tile (+ lane / 4, + 8)
+
+  load_swizzled<T, BN, D, NT>(sK, fa2::row_ptr<const T>(p.k, b, doc.k_start, n_blk * BN, hk), p.k.row_stride,
+                              doc.lk - n_blk * BN);
+  load_swizzled<T, BN, D, NT>(sV, fa2::row_ptr<const T>(p.v, b, doc.k_start, n_blk * BN, hk), p.v.row_stride,
+                              doc.lk - n_blk * BN);
+  cp_async_commit();
+
+  // Copies of one query tile of one head into stage `stage`: Q, dO, and its rows' logsumexp and delta.
+  auto load_query_tile = [&](const fa2::BwdWork& w, int stage) {
+    const int h = hk * p.kv_group + w.g, valid = doc.lq - w.tile * BM;
+    load_swizzled<T, BM, D, NT>(sQ0 + stage * Tr::kQueryTileBytes,
+                                fa2::row_ptr<const T>(p.q, b, doc.q_start, w.tile * BM, h), p.q.row_stride, valid);
+    load_swizzled<T, BM, D, NT>(sdO0 + stage * Tr::kQueryTileBytes,
+                                fa2::row_ptr<const T>(p.o, b, doc.q_start, w.tile * BM, h), p.o.row_stride, valid);
+    if (const int r = threadIdx.x; r < BM) {  // rows past the document read 0: the mask zeroes their P
+      const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + w.tile * BM + r;
+      cp_async4(sLse0 + stage * BM + r, p.lse_log2 + at, r < valid);
+      cp_async4(sDelta0 + stage * BM + r, p.delta + at, r < valid);
+    }
+    cp_async_commit();
+  };
+
+  // The warpgroup's 64 keys of K and V as A operands (K-major), the dQ operands (M-major dS^T, N-major K)
+  const uint64_t k_desc = descriptor(smem_addr(sK) + 64 * wg * 128);
+  const uint64_t v_desc = descriptor(smem_addr(sV) + 64 * wg * 128);
+  constexpr int kDqKeys = Tr::kDqOverAllKeys ? BN : BN / 2;
+  const int dq_key0 = Tr::kDqOverAllKeys ? 0 : 64 * wg, dq_col0 = Tr::kDqOverAllKeys ? 64 * wg : 0;
+  const uint64_t ds_desc = descriptor(smem_addr(sdS) + dq_key0 * 128);
+  const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128 + dq_key0 * 128);
+
+  float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
+  fa2::BwdWork work{-1, 0, 0, 0, {}};
+  fa2::advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
+  fa2::BwdWork next = work;
+  fa2::advance(p, next, b, hk, n_blk, chunk);
+  if (work.g < p.kv_group) load_query_tile(work, 0);
+  for (int stage = 0; work.g < p.kv_group; stage ^= 1) {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // this stage has landed; every warpgroup is done with the other stage and dS^T
+    if (next.g < p.kv_group) load_query_tile(next, stage ^ 1);
+    const int h = hk * p.kv_group + work.g, m_blk = work.tile;
+    const uint32_t sq = smem_addr(sQ0 + stage * Tr::kQueryTileBytes), sdo = smem_addr(sdO0 + stage * Tr::kQueryTileBytes);
+    const uint64_t q_desc = descriptor(sq), do_desc = descriptor(sdo);  // K-major: B of S^T and dP^T
+    const uint64_t q_desc_n = descriptor(sq, BM * 128), do_desc_n = descriptor(sdo, BM * 128);  // N-major: of dK, dV
+
+    float st[BM / 8][4], dpt[BM / 8][4];  // S^T and dP^T: rows key0 + lane / 4 (+8), queries 8 n + 2 (lane % 4) (+1)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {  // 16 columns of D are 32 bytes of a line; 64 columns a panel
+      const int at = (kk % 4) * 32;
+      wgmma_ss<T, BM>(st, k_desc + ((kk / 4) * BN * 128 + at) / 16, q_desc + ((kk / 4) * BM * 128 + at) / 16, kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int at = (kk % 4) * 32;
+      wgmma_ss<T, BM>(dpt, v_desc + ((kk / 4) * BN * 128 + at) / 16, do_desc + ((kk / 4) * BM * 128 + at) / 16,
+                      kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin<BM / 8>(st);
+    pin<BM / 8>(dpt);
+
+    const float* lse = sLse0 + stage * BM;
+    const float* delta = sDelta0 + stage * BM;
+#pragma unroll
+    for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = 8 * n + 2 * (lane % 4) + c % 2;
+        fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse[i], delta[i]);
+      }
+    if (work.t < work.vis.partial) {
+      fa2::mask_transposed<kGeneral, BM>(p, st, dpt, m_blk * BM, n_blk * BN + key0, doc, b, h);
+    }
+    uint32_t pa[BM / 16][4], dsa[BM / 16][4];  // P^T and dS^T as A fragments, 16 queries each
+    to_fragments<T, BM>(st, pa);
+    to_fragments<T, BM>(dpt, dsa);
+    if (!p.deterministic) {
+      store_transposed<T, BN, BM>(sdS, dpt, key0);
+      fence_proxy_async();
+    }
+
+    pin<D / 8>(dk[0]);
+    pin<D / 8>(dv[0]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {  // 16 queries: 16 lines of every panel
+      wgmma_rs<T, D>(dv[0], pa[kk], do_desc_n + (kk * 16 * 128) / 16);
+      wgmma_rs<T, D>(dk[0], dsa[kk], q_desc_n + (kk * 16 * 128) / 16);
+    }
+    wgmma_commit();
+
+    fa2::BwdWork after = next;
+    fa2::advance(p, after, b, hk, n_blk, chunk);  // its tile index is read here and needed an iteration later
+    if (!p.deterministic) {
+      if constexpr (Tr::kDqOverAllKeys) {
+        __syncthreads();  // both warpgroups' dS^T are stored
+      } else {
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg));  // this warpgroup's dS^T is stored
+      }
+      float dq[1][64 / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + 2 (lane % 4)
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kDqKeys / 16; ++kk)  // 16 keys: 16 lines
+        wgmma_ss<T, 64, 1, 1>(dq[0], ds_desc + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin<64 / 8>(dq[0]);
+      fa2::add_dq<1, 64>(p, dq, doc, b, h, m_blk * BM + 16 * (threadIdx.x / 32 % 4), dq_col0);
+    }
+    wgmma_wait<0>();
+    pin<D / 8>(dk[0]);
+    pin<D / 8>(dv[0]);
+    work = next;
+    next = after;
+  }
+  cp_async_wait<0>();
+  fa2::store_dkv<T, 1, D, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, 0, split);
+#endif
+}
+
+}  // namespace legalpt::fa3
