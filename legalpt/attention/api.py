@@ -11,7 +11,7 @@ Backend: the `backend=` argument, else the environment variable LEGALPT_ATTN_BAC
 wgmma (sm90, head dims 64 and 128; fa3.py); "reference" the blockwise PyTorch
 implementation (any device and dtype); both serve the custom ops. For comparison: "sdpa" is torch's
 scaled_dot_product_attention with a dense mask, "flex" PyTorch FlexAttention with the same mask (compiled on CUDA).
-"auto" runs fa2 where it can and the reference elsewhere, and logs why once.
+"auto" runs fa3 on Hopper, fa2 where it can run elsewhere, and the reference where neither can, and logs why once.
 """
 
 from __future__ import annotations
@@ -179,7 +179,13 @@ def _resolve_backend(backend: str | None, need_lse: bool, q: Tensor) -> str:
 
 
 def _auto(q: Tensor) -> str:
-    """fa2 where it runs, else the reference; the reason for falling back is logged once per reason."""
+    """fa3 where it runs (Hopper), else fa2 where it runs, else the reference; the reason for falling back to the
+    reference is logged once per reason."""
+    try:
+        fa3.check(q)
+        return "fa3"
+    except ValueError:
+        pass  # not a Hopper GPU, or no sm_90a build: fa2 says whether it can run instead
     try:
         fa2.check(q)
         return "fa2"

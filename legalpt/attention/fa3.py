@@ -19,6 +19,8 @@ def check(q: Tensor) -> None:
     fa2.check's checks of the inputs and the build."""
     if q.device.type != "cuda":
         raise ValueError(f"backend: fa3 cannot run here: it needs a CUDA device and the inputs are on {q.device.type}")
+    if not torch.cuda.is_available():
+        raise ValueError("backend: fa3 cannot run here: no CUDA device is visible")
     major, minor = torch.cuda.get_device_capability(q.device)
     if (major, minor) != (9, 0):
         name = torch.cuda.get_device_name(q.device)

@@ -218,11 +218,11 @@ def test_auto_says_once_why_it_falls_back_to_the_reference(caplog, monkeypatch):
 
 
 def test_unknown_backend_names(backend_spy, monkeypatch):
-    with pytest.raises(ValueError, match=r"^set_backend: expected one of auto, reference, fa2, sdpa, flex, got 'fa9'"):
+    with pytest.raises(ValueError, match=r"^set_backend: expected one of auto, reference, fa2, fa3, sdpa, flex, got 'fa9'"):
         set_backend("fa9")
     assert get_backend() == "auto"
     monkeypatch.setenv(BACKEND_ENV, "fa9")
-    with pytest.raises(ValueError, match=rf"^{BACKEND_ENV}: expected one of auto, reference, fa2, sdpa, flex"):
+    with pytest.raises(ValueError, match=rf"^{BACKEND_ENV}: expected one of auto, reference, fa2, fa3, sdpa, flex"):
         flash_attn_func(**_batch())
     assert backend_spy == []
 

@@ -525,12 +525,13 @@ def auto_backend(monkeypatch):
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-def test_auto_picks_fa2_for_half_precision(dtype: torch.dtype, auto_backend):
+def test_auto_picks_our_kernels_for_half_precision(dtype: torch.dtype, auto_backend):
     q, k, v = _qkv((2, 64, 4, 64), (2, 64, 2, 64), dtype, grad=False)
     with _OpBackends() as calls:
         flash_attn_func(q, k, v, causal=True)
         flash_attn_varlen_func(q[0], k[0], v[0], _cu([20, 44]), _cu([20, 44]), 44, 44)
-    expected = "fa2" if BACKEND in ("fa2", "fa3") and dtype in DTYPES else "reference"
+    hopper = DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE) == (9, 0) and kernels.has_fa3()
+    expected = ("fa3" if hopper else "fa2") if BACKEND in ("fa2", "fa3") and dtype in DTYPES else "reference"
     assert calls.backends == [expected, expected]
 
 

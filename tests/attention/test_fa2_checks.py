@@ -36,6 +36,10 @@ def test_an_old_gpu_is_named_with_its_compute_capability(monkeypatch):
 def test_fa3_needs_a_hopper_gpu_and_a_hopper_build(capable_machine, monkeypatch):
     with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: it needs a CUDA device .* cpu"):
         fa3.check(torch.zeros(2, 16, 4, 64, dtype=torch.bfloat16))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: no CUDA device is visible"):
+        fa3.check(cuda_input())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A100")
     with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: .*Hopper.*NVIDIA A100 has 8\.0"):
@@ -73,6 +77,20 @@ def test_a_failed_build_is_a_clear_error_and_auto_falls_back_once(capable_machin
     assert builds == [64]  # a failed build is remembered, not retried on every call
     fallbacks = [r.getMessage() for r in caplog.records if "running the reference" in r.getMessage()]
     assert len(fallbacks) == 1 and "unsupported gpu architecture" in fallbacks[0]
+
+
+def test_auto_runs_fa3_on_hopper(capable_machine, monkeypatch):
+    monkeypatch.setattr(kernels, "_build", lambda head_dim: SimpleNamespace(head_dim=head_dim))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    monkeypatch.setenv(kernels.ARCHS_ENV, "80;90")
+    assert api._auto(cuda_input()) == "fa3"
+    monkeypatch.setenv(kernels.ARCHS_ENV, "80")
+    assert api._auto(cuda_input()) == "fa2"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A100")
+    monkeypatch.setenv(kernels.ARCHS_ENV, "80;90")
+    assert api._auto(cuda_input()) == "fa2"
 
 
 def test_auto_runs_fa2_where_it_builds(capable_machine, monkeypatch):
