@@ -1,4 +1,4 @@
-// CPU emulation of the CUDA features the FA2 kernels use, so that the same kernel source runs on a CPU when it is
+// CPU emulation of the CUDA features the FA2 and FA3 kernels use, so that the same kernel source runs on a CPU when it is
 // compiled with -DLEGALPT_EMULATE (tests/attention/test_fa2_emulated.py). Its purpose is checking the kernels'
 // index math, fragment layouts, masks, barrier structure and cp.async protocol without a GPU; it is slow and meant
 // for tiny shapes. Fibers switch only at barriers and collectives, so it cannot see races between plain shared-memory
@@ -8,6 +8,7 @@
 // Each CUDA thread of a block is a fiber (ucontext) on one OS thread. __syncthreads and the warp-collective
 // instructions (ldmatrix, mma.sync, shuffles) are barriers between fibers; the collectives exchange their operands
 // through per-warp scratch between two warp barriers, exactly as the hardware distributes fragments over lanes.
+// wgmma (csrc/fa3/wgmma.cuh) does the same over a warpgroup, and runs at its issue (the wait is then a no-op).
 // Blocks run one after another.
 #pragma once
 
@@ -109,11 +110,18 @@ struct WarpScratch {
   float value[32];
 };
 
+// Operands of one warpgroup-collective instruction (wgmma with A in registers), one row per thread of the group.
+struct GroupScratch {
+  uint32_t regs[128][4];
+};
+
 struct Block {
   ucontext_t scheduler;
   std::vector<Fiber> fibers;
   std::vector<Barrier> warp_barriers;
   std::vector<WarpScratch> scratch;
+  std::vector<Barrier> group_barriers;  // one per warpgroup (128 threads): wgmma's exchange, bar.sync of 128
+  std::vector<GroupScratch> group_scratch;
   Barrier block_barrier;
   int current = 0;
   long events = 0;  // barrier arrivals and threads finished: scheduling steps without any mean deadlock
@@ -165,9 +173,13 @@ inline void Barrier::arrive() {
   f.waiting_on = nullptr;
 }
 
-// Waiting at a __syncthreads that has not completed yet.
-inline bool parked(const Fiber& f) {
-  return f.waiting_on == &block.block_barrier && block.block_barrier.generation == f.wait_generation;
+// Waiting at a barrier that the running unit of warps cannot complete alone: __syncthreads, or, when warps run one
+// at a time, a warpgroup's barrier. A warp barrier completes within the warp's own turn, so it never parks.
+inline bool parked(const Fiber& f, bool warpgroups) {
+  if (f.waiting_on == nullptr || f.waiting_on->generation != f.wait_generation) return false;
+  if (f.waiting_on == &block.block_barrier) return true;
+  const bool warp_barrier = f.waiting_on >= &block.warp_barriers.front() && f.waiting_on <= &block.warp_barriers.back();
+  return !warp_barrier && !warpgroups;
 }
 
 inline void fiber_entry() {
@@ -180,6 +192,8 @@ inline void fiber_entry() {
 inline int lane() { return static_cast<int>(threadIdx.x % 32); }
 inline WarpScratch& warp_scratch() { return block.scratch[threadIdx.x / 32]; }
 inline void warp_sync() { block.warp_barriers[threadIdx.x / 32].arrive(); }
+inline GroupScratch& group_scratch() { return block.group_scratch[threadIdx.x / 128]; }
+inline void group_sync() { block.group_barriers[threadIdx.x / 128].arrive(); }
 
 template <typename Args>
 inline void (*kernel_of)(Args) = nullptr;  // the kernel being launched, per argument type
@@ -188,24 +202,27 @@ void run_kernel(const void* args) {
   kernel_of<Args>(*static_cast<const Args*>(args));
 }
 
-// Runs the fibers of the current block to the end under one of three legal schedules. 0, lockstep: one step of
+// Runs the fibers of the current block to the end under one of four legal schedules. 0, lockstep: one step of
 // every thread per round. 1 and 2, warp-serial: warp by warp, ascending (1) or descending (2), each until all its
-// threads wait at __syncthreads or have returned. Warp-serial puts one warp a whole barrier phase ahead of the others,
-// so a read of what another warp writes in the same phase, or a write of what another warp still reads there (a
-// missing __syncthreads), gives a result that differs from lockstep's.
+// threads wait at __syncthreads (or a warpgroup's barrier) or have returned. 3, warpgroup-serial: the same with the
+// four warps of a warpgroup (blocks of whole warpgroups) as the unit. Serial schedules put one warp (or warpgroup)
+// a whole barrier phase ahead of the others, so a read of what another writes in the same phase, or a write of what
+// another still reads there (a missing barrier), gives a result that differs from lockstep's.
 inline void run_block(int threads, int schedule) {
   const int warps = threads / 32;
+  const bool warpgroups = schedule == 3 && warps % 4 == 0;
+  const int unit = warpgroups ? 4 : 1, units = warps / unit;  // warps that run together, and how many such units
   for (bool running = true; running;) {
     running = false;
     const long round_events = block.events;
-    for (int i = 0; i < warps; ++i) {
-      const int w = schedule == 2 ? warps - 1 - i : i;
+    for (int i = 0; i < units; ++i) {
+      const int w = schedule == 2 ? units - 1 - i : i;
       for (bool again = true; again;) {
         again = false;
         const long events = block.events;
-        for (int t = 32 * w; t < 32 * (w + 1); ++t) {
+        for (int t = 32 * unit * w; t < 32 * unit * (w + 1); ++t) {
           Fiber& f = block.fibers[t];
-          if (f.done || (schedule != 0 && parked(f))) continue;
+          if (f.done || (schedule != 0 && parked(f, warpgroups))) continue;
           block.current = t;
           threadIdx = dim3(t);
           swapcontext(&block.scheduler, &f.context);
@@ -238,6 +255,8 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
   for (Fiber& f : block.fibers) f.stack.resize(kStack);
   block.warp_barriers.assign(threads / 32, Barrier{32, 0, 0});
   block.scratch.assign(threads / 32, WarpScratch{});
+  block.group_barriers.assign(threads / 128, Barrier{128, 0, 0});  // blocks of whole warpgroups use them
+  block.group_scratch.assign(threads / 128, GroupScratch{});
   block.body = &run_kernel<Args>;
   block.args = &args;
   for (unsigned z = 0; z < grid.z; ++z)
@@ -257,7 +276,7 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
           f.context.uc_link = nullptr;
           makecontext(&f.context, fiber_entry, 0);
         }
-        run_block(threads, static_cast<int>((z * grid.y + y) * grid.x + x) % 3);
+        run_block(threads, static_cast<int>((z * grid.y + y) * grid.x + x) % 4);
       }
 }
 

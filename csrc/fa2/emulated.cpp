@@ -1,6 +1,6 @@
-// The CPU emulation build of the FA2 path (csrc/common/emulate.h says how it works): the kernels and host code of
-// the CUDA build, run on CPU tensors, so that tests can check the kernels' index math, masks and barriers without
-// a GPU (tests/attention/test_fa2_emulated.py). Built by legalpt.attention.kernels.fa2_emulated.
+// The CPU emulation build of the FA2 and FA3 paths (csrc/common/emulate.h says how it works): the kernels and host
+// code of the CUDA build, run on CPU tensors, so that tests can check the kernels' index math, masks and barriers
+// without a GPU (tests/attention/test_fa2_emulated.py). Built by legalpt.attention.kernels.fa2_emulated.
 #ifndef LEGALPT_EMULATE
 #error "build with -DLEGALPT_EMULATE"
 #endif
@@ -28,6 +28,10 @@ struct EmulatedLaunch {
 }  // namespace
 }  // namespace legalpt::fa2
 
+namespace legalpt::fa3 {
+alignas(1024) unsigned char smem_raw[227 * 1024];  // the fa3 kernels' (wgmma.cuh decodes addresses within it)
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using legalpt::fa2::EmulatedLaunch;
   namespace host = legalpt::fa2::host;
@@ -35,4 +39,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &host::forward<EmulatedLaunch>, "FA2 attention forward, emulated on the CPU");
   m.def("prepare", &host::prepare<EmulatedLaunch>, "backward preprocessing, emulated on the CPU");
   m.def("backward", &host::backward<EmulatedLaunch>, "FA2 attention backward, emulated on the CPU");
+  m.def("forward_fa3", &host::forward<EmulatedLaunch, true>, "the Hopper forward (d64, d128), emulated on the CPU");
+  m.def("backward_fa3", &host::backward<EmulatedLaunch, true>, "the Hopper backward (d64, d128), emulated");
 }

@@ -46,7 +46,7 @@ __device__ __forceinline__ void store_transposed(unsigned char* dst, const float
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
 __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const __grid_constant__ Params p) {
   static_assert(D == 64 || D == 128, "the fa3 backward is instantiated for head dims 64 and 128");
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a; the kernel is empty in the other targets' code, never launched there
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a (empty elsewhere, never launched)
   using Tr = BwdTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       if constexpr (Tr::kDqOverAllKeys) {
         __syncthreads();  // both warpgroups' dS^T are stored
       } else {
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg));  // this warpgroup's dS^T is stored
+        warpgroup_sync();  // this warpgroup's dS^T is stored
       }
       float dq[1][64 / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + 2 (lane % 4)
       wgmma_fence();

@@ -108,7 +108,7 @@ __device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 
 template <typename T, int D, bool kGeneral>
 __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const __grid_constant__ Params p) {
   static_assert(D == 64 || D == 128, "the fa3 forward is instantiated for head dims 64 and 128");
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a; the kernel is empty in the other targets' code, never launched there
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a (empty elsewhere, never launched)
   using Tr = FwdTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads;
   extern __shared__ __align__(16) unsigned char smem_raw[];

@@ -15,6 +15,10 @@
 #include <type_traits>
 
 #include "../common/ptx.cuh"
+#ifdef LEGALPT_EMULATE
+#include <cmath>
+#include <cstring>
+#endif
 
 namespace legalpt::fa3 {
 
@@ -32,6 +36,7 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t addr, uint32_t panel = 1
          static_cast<uint64_t>(1024 >> 4) << 32 | 1ull << 62;  // bits 62-63 = 1: 128-byte swizzle
 }
 
+#ifndef LEGALPT_EMULATE
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // Wait until at most N committed groups of this warpgroup are still running.
@@ -41,6 +46,8 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Shared memory written through the generic proxy (cp.async, st.shared) made visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// A barrier of this thread's warpgroup alone (named barrier 1 + warpgroup; 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_sync() { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + threadIdx.x / 128)); }
 
 // Pins accumulators at this point of the program: the compiler may not move their reads or writes across it. Placed
 // after wgmma_wait (so reads follow the wait) and before wgmma_fence (so writes precede the MMAs).
@@ -200,5 +207,86 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
     static_assert(N == 64 || N == 128, "wgmma shapes m64n64k16 and m64n128k16, bf16 or fp16");
   }
 }
+
+#else  // LEGALPT_EMULATE: the same on the CPU (csrc/common/emulate.h); a wgmma runs at its issue
+extern unsigned char smem_raw[];  // the kernels' dynamic shared memory, defined by csrc/fa2/emulated.cpp
+
+inline uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(static_cast<const unsigned char*>(p) - smem_raw);
+}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int N>
+inline void wgmma_wait() {}
+inline void fence_proxy_async() {}
+template <int N>
+inline void pin(float (&)[N][4]) {}
+inline void warpgroup_sync() { emu::group_sync(); }
+
+namespace emulated {
+
+struct Operand {
+  uint32_t start, lbo, sbo;  // bytes
+};
+inline Operand decode(uint64_t desc) {
+  return {static_cast<uint32_t>(desc & 0x3FFF) << 4, static_cast<uint32_t>((desc >> 16) & 0x3FFF) << 4,
+          static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4};
+}
+
+// The 16-bit element at shared address `addr` as the 128-byte swizzle stores it: the 16-byte chunk index (address
+// bits 4-6) XOR the line's index in its 1024-byte period (bits 7-9).
+template <typename T>
+inline float at(uint32_t addr) {
+  uint16_t bits;
+  std::memcpy(&bits, smem_raw + (addr ^ (((addr >> 7) & 7) << 4)), 2);
+  return to_float_bits<T>(bits);
+}
+
+// Element (i, k) of an operand, i its row (M or N) and k the reduction: K-major, 8-row groups `sbo` apart and k
+// along a line; MN-major, 8-line groups of k `sbo` apart and i along the lines, 64-element panels `lbo` apart.
+template <typename T>
+inline float element(const Operand& o, bool mn_major, int i, int k) {
+  if (!mn_major) return at<T>(o.start + (i / 8) * o.sbo + (i % 8) * 128 + 2 * k);
+  return at<T>(o.start + (i / 64) * o.lbo + (k / 8) * o.sbo + (k % 8) * 128 + 2 * (i % 64));
+}
+
+// d[j][c] (+)= sum over k of a(row, k) b(col, k) at this thread's accumulator positions.
+template <int N, typename A, typename B>
+inline void mma(float (&d)[N / 8][4], bool accumulate, A a, B b) {
+  const int w = threadIdx.x / 32 % 4, l = threadIdx.x % 32;
+  for (int j = 0; j < N / 8; ++j)
+    for (int c = 0; c < 4; ++c) {
+      const int row = 16 * w + l / 4 + 8 * (c / 2), col = 8 * j + 2 * (l % 4) + c % 2;
+      float sum = accumulate ? d[j][c] : 0.f;
+      for (int k = 0; k < 16; ++k) sum = std::fma(a(row, k), b(col, k), sum);
+      d[j][c] = sum;
+    }
+}
+
+}  // namespace emulated
+
+template <typename T, int N, int kTransA = 0, int kTransB = 0>
+inline void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate) {
+  const emulated::Operand oa = emulated::decode(a), ob = emulated::decode(b);
+  emulated::mma<N>(
+      d, accumulate != 0, [&](int m, int k) { return emulated::element<T>(oa, kTransA, m, k); },
+      [&](int n, int k) { return emulated::element<T>(ob, kTransB, n, k); });
+}
+
+// A's fragments are gathered from the warpgroup's 128 threads (mma.sync's m16k16 layout, warp w rows 16 w ...).
+template <typename T, int N>
+inline void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b) {
+  emu::GroupScratch& s = emu::group_scratch();
+  for (int i = 0; i < 4; ++i) s.regs[threadIdx.x % 128][i] = a[i];
+  emu::group_sync();
+  const emulated::Operand ob = emulated::decode(b);
+  const auto a_at = [&](int m, int k) {
+    const uint32_t reg = s.regs[32 * (m / 16) + (m % 8) * 4 + (k % 8) / 2][(m % 16) / 8 + 2 * (k / 8)];
+    return to_float_bits<T>(static_cast<uint16_t>(reg >> (16 * (k % 2))));
+  };
+  emulated::mma<N>(d, true, a_at, [&](int n, int k) { return emulated::element<T>(ob, true, n, k); });
+  emu::group_sync();
+}
+#endif
 
 }  // namespace legalpt::fa3

@@ -1,4 +1,4 @@
-"""The fa2 kernels' own source, compiled for the CPU (csrc/common/emulate.h), against naive float64 attention.
+"""The fa2 and fa3 kernels' own source, compiled for the CPU (csrc/common/emulate.h), against naive float64 attention.
 
 Runs without a GPU: every CUDA thread is a fiber and the warp-collective instructions are emulated lane by lane, so
 these tests check the kernels' index math, tile schedules, masks, fragment layouts and GQA/varlen addressing on any
@@ -8,7 +8,8 @@ on a GPU. The cases are small and chosen to reach every instantiation: the plain
 layout) kernels, the forward's rescale (rows whose max moves in late tiles, in some lanes only), one and two row
 tiles per warp, a softmax scale <= 0, both backward layouts (two-level at d64 and d128, one-level with the dK/dV
 columns split over d128), the global keys' tiles split over blocks (one and two split tiles), the deterministic dQ
-pass.
+pass. The fa3 kernels (Hopper, wgmma: csrc/fa3) run the same way, their warpgroup MMAs emulated from the swizzled
+shared memory their descriptors address (FA3_CASES and the fa3 variants below).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from attention_helpers import assert_flash_attn_rule, naive_attention, rising_scores
 from torch.utils.cpp_extension import is_ninja_available
 
-from legalpt.attention import fa2, flash_attn_func, flash_attn_varlen_func, kernels
+from legalpt.attention import fa2, fa3, flash_attn_func, flash_attn_varlen_func, kernels
 
 pytestmark = pytest.mark.skipif(
     shutil.which("c++") is None or not is_ninja_available(), reason="building the emulation needs c++ and ninja"
@@ -47,23 +48,38 @@ CASES = {  # name: (head_dim, dtype, (Sq, Sk), (heads, kv heads), mask keyword a
         128, torch.float16, (90, 90), (2, 1), {"window_size": (32, 0), "dilation": 2, "softmax_scale": 0.0},
     ),
 }  # fmt: skip
+# The fa3 kernels' instantiations (d64, d128; plain and general; both dtypes) and paths: GQA and MQA, rows without
+# keys, unequal lengths, the deterministic dQ pass (fa2's), dQ over all keys (d128) or a warpgroup's (d64).
+FA3_CASES = {
+    "fa3-causal-d64-gqa": (64, torch.bfloat16, (130, 130), (4, 2), {"causal": True}),
+    "fa3-global-window-d128-unequal": (
+        128, torch.float16, (113, 203), (2, 1), {"window_size": (32, 17), "global_tokens": 5},
+    ),
+    "fa3-causal-rows-without-keys-d128": (128, torch.bfloat16, (150, 90), (2, 2), {"causal": True}),
+    "fa3-softcap-dilation-d128": (
+        128, torch.bfloat16, (140, 140), (2, 1),
+        {"causal": True, "window_size": (96, 0), "dilation": 3, "softcap": 30.0, "softmax_scale": 0.5},
+    ),
+    "fa3-dense-d64-fp16-deterministic": (64, torch.float16, (70, 150), (2, 2), {"deterministic": True}),
+}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
 def _emulated_kernels(monkeypatch):
-    """The fa2 backend with its kernels' CPU build: the device and build checks are the GPU's, so only the
-    input checks stay."""
+    """The fa2 and fa3 backends with their kernels' CPU build: the device and build checks are the GPU's, so only
+    the input checks stay."""
     monkeypatch.setattr(fa2, "check", fa2.check_inputs)
+    monkeypatch.setattr(fa3, "check", fa2.check_inputs)
     monkeypatch.setattr(kernels, "fa2", kernels.fa2_emulated)
 
 
-def _check(q, k, v, kw: dict, cu: tuple | None = None) -> None:
-    """out, lse, dq, dk, dv by flash-attn's rule against float64 (2x, 3x for gradients, the error of plain PyTorch
-    in the same precision); rows that see no key: out 0 and lse -inf."""
+def _check(q, k, v, kw: dict, cu: tuple | None = None, backend: str = "fa2") -> None:
+    """out, lse, dq, dk, dv of `backend` by flash-attn's rule against float64 (2x, 3x for gradients, the error of
+    plain PyTorch in the same precision); rows that see no key: out 0 and lse -inf."""
     if cu is None:
-        out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, backend="fa2", **kw)
+        out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, backend=backend, **kw)
     else:
-        out, lse, _ = flash_attn_varlen_func(q, k, v, *cu, return_attn_probs=True, backend="fa2", **kw)
+        out, lse, _ = flash_attn_varlen_func(q, k, v, *cu, return_attn_probs=True, backend=backend, **kw)
     naive = {("window" if key == "window_size" else key): value for key, value in kw.items() if key != "deterministic"}
     if cu is not None:
         naive.update(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1])
@@ -86,24 +102,30 @@ def _qkv(q_shape: tuple, kv_shape: tuple, dtype: torch.dtype) -> tuple:
     return tuple(torch.randn(s, dtype=dtype).requires_grad_() for s in (q_shape, kv_shape, kv_shape))
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [*CASES, *FA3_CASES])
 def test_emulated_kernels_match_naive(case: str, rng):
-    head_dim, dtype, (sq, sk), (heads, kv_heads), kw = CASES[case]
+    head_dim, dtype, (sq, sk), (heads, kv_heads), kw = CASES.get(case) or FA3_CASES[case]
     kw = dict(kw)
     q, k, v = _qkv((2, sq, heads, head_dim), (2, sk, kv_heads, head_dim), dtype)
     if kw.pop("block_layout", False):
         bq, bk = kw["block_size"]
         kw["block_layout"] = torch.rand(heads, -(-sq // bq), -(-sk // bk)) < 0.6
-    _check(q, k, v, kw)
+    _check(q, k, v, kw, backend="fa3" if case in FA3_CASES else "fa2")
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "heads", "varlen", "global_tokens", "split_tiles"),
-    [(64, (4, 2), False, 6, 1), (96, (3, 1), True, 6, 1), (64, (2, 1), False, 140, 2)],
-    ids=["d64-two-level", "d96-varlen", "d64-two-split-tiles"],
+    ("head_dim", "heads", "varlen", "global_tokens", "split_tiles", "backend"),
+    [
+        (64, (4, 2), False, 6, 1, "fa2"),
+        (96, (3, 1), True, 6, 1, "fa2"),
+        (64, (2, 1), False, 140, 2, "fa2"),
+        (128, (4, 2), True, 6, 1, "fa3"),
+        (64, (2, 1), False, 140, 2, "fa3"),
+    ],
+    ids=["d64-two-level", "d96-varlen", "d64-two-split-tiles", "fa3-d128-varlen", "fa3-d64-two-split-tiles"],
 )
 def test_emulated_split_global_key_tiles(
-    head_dim: int, heads: tuple, varlen: bool, global_tokens: int, split_tiles: int, monkeypatch, rng
+    head_dim: int, heads: tuple, varlen: bool, global_tokens: int, split_tiles: int, backend: str, monkeypatch, rng
 ):
     """The backward of the global keys' tiles split over blocks of one query tile each (fa2._split), their dK and
     dV added in float32 (split_dkv_kernel): two-level and one-level layouts, batch and varlen, one and two split
@@ -114,27 +136,34 @@ def test_emulated_split_global_key_tiles(
         lens = [200, 9, 150]
         cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
         q, k, v = _qkv((sum(lens), heads[0], head_dim), (sum(lens), heads[1], head_dim), torch.float16)
-        _check(q, k, v, kw, (cu, cu, max(lens), max(lens)))
+        _check(q, k, v, kw, (cu, cu, max(lens), max(lens)), backend)
     else:
         q, k, v = _qkv((2, 200, heads[0], head_dim), (2, 200, heads[1], head_dim), torch.bfloat16)
-        _check(q, k, v, kw)
-    tile = kernels.fa2(head_dim).bwd_tile  # (query rows, keys): one block per query tile of the 200 rows
+        _check(q, k, v, kw, backend=backend)
+    ext = kernels.fa2(head_dim)  # (query rows, keys): one block per query tile of the 200 rows
+    tile = ext.fa3_bwd_tile if backend == "fa3" else ext.bwd_tile
     assert fa2._split(global_tokens, 200, 200, tile, deterministic=False) == (split_tiles, -(-200 // tile[0]))
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "dtype", "seqlens", "kw"),
-    [(128, torch.float16, (200, 200), {"causal": True}), (64, torch.bfloat16, (70, 260), {})],
-    ids=["d128-causal-fp16", "d64-unequal-bf16"],
+    ("head_dim", "dtype", "seqlens", "kw", "backend"),
+    [
+        (128, torch.float16, (200, 200), {"causal": True}, "fa2"),
+        (64, torch.bfloat16, (70, 260), {}, "fa2"),
+        (128, torch.float16, (200, 300), {}, "fa3"),
+    ],
+    ids=["d128-causal-fp16", "d64-unequal-bf16", "fa3-d128-unequal-fp16"],
 )
-def test_emulated_rescale_when_the_max_moves(head_dim: int, dtype: torch.dtype, seqlens: tuple, kw: dict, rng):
+def test_emulated_rescale_when_the_max_moves(
+    head_dim: int, dtype: torch.dtype, seqlens: tuple, kw: dict, backend: str, rng
+):
     """Scores that rise along the keys in some rows: the forward's rescale (O and the row sum, skipped while no row
     of a warp moves its max) runs in every late key tile with large corrections, which random scores never
     exercise, and the warp's vote must count the lanes whose rows move."""
     (sq, sk) = seqlens
     q, k, v = (torch.randn(2, s, 2, head_dim, dtype=dtype) for s in (sq, sk, sk))
     rising_scores(q, k)
-    _check(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), kw)
+    _check(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), kw, backend=backend)
 
 
 def test_emulated_varlen_with_an_empty_document(rng):
