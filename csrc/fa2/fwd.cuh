@@ -80,6 +80,28 @@ __device__ __forceinline__ void logits(const Params& p, float (&s)[R][BN / 8][4]
   if (partial) mask_tile<kGeneral, R, BN>(p, s, i0, j0, doc, b, h);
 }
 
+// A thread's two rows of an m16 row tile (i0 and i0 + 8 within the document) of O, normalized by their sums, and
+// their logsumexp. o, row_max, row_sum: as the forward kernels keep them (row_sum: this thread's part).
+template <typename T, int D>
+__device__ __forceinline__ void write_rows(const Params& p, const float (&o)[D / 8][4], const float (&row_max)[2],
+                                           const float (&row_sum)[2], int i0, const Document& doc, int b, int h) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float l = quad_sum(row_sum[half]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key: output 0
+    const int i = i0 + 8 * half;
+    if (i >= doc.lq) continue;
+    T* out = row_ptr<T>(p.o, b, doc.q_start, i, h) + 2 * (lane % 4);
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d)
+      *reinterpret_cast<uint32_t*>(out + 8 * d) = pack2<T>(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+    if (lane % 4 == 0)
+      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + i] =
+          l > 0.f ? (row_max[half] + log2f(l)) * kLn2 : -INFINITY;
+  }
+}
+
 // kGeneral: the instantiation for softcap, dilation or a block layout (`general`); the other one, for everything
 // else, leaves their code out, which keeps it within the register file.
 template <typename T, int D, bool kGeneral>
@@ -220,23 +242,9 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kM
     }
   }
   cp_async_wait<0>();
-
 #pragma unroll
   for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float l = quad_sum(row_sum[r][half]);
-      const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key: output 0
-      const int i = m_blk * BM + r0 + 16 * r + lane / 4 + 8 * half;
-      if (i >= doc.lq) continue;
-      T* o = row_ptr<T>(p.o, b, doc.q_start, i, h) + 2 * (lane % 4);
-#pragma unroll
-      for (int d = 0; d < D / 8; ++d)
-        *reinterpret_cast<uint32_t*>(o + 8 * d) = pack2<T>(acc[r][d][2 * half] * inv, acc[r][d][2 * half + 1] * inv);
-      if (lane % 4 == 0)
-        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + i] =
-            l > 0.f ? (row_max[r][half] + log2f(l)) * kLn2 : -INFINITY;
-    }
+    write_rows<T, D>(p, acc[r], row_max[r], row_sum[r], m_blk * BM + r0 + 16 * r + lane / 4, doc, b, h);
 }
 
 }  // namespace legalpt::fa2

@@ -8,7 +8,9 @@
 
 #include "bwd.cuh"
 #include "fwd.cuh"
+// The fa3 kernels are built where sm_90a is a target (LEGALPT_FA3, kernels.py) and in the CPU emulation.
 #if defined(LEGALPT_FA3) || defined(LEGALPT_EMULATE)
+#define LEGALPT_WITH_FA3
 #include "../fa3/bwd.cuh"
 #endif
 
@@ -105,8 +107,8 @@ inline int documents(const at::Tensor& q, const std::optional<at::Tensor>& cu_q)
 }
 
 // The forward: fa2's kernels (mma.sync, sm80+), or with kFa3 the Hopper ones (csrc/fa3, wgmma, sm90a) where the
-// build has them (LEGALPT_FA3: sm_90a among its targets; and the CPU emulation) for this head dim (kHasFa3).
-#if defined(LEGALPT_FA3) || defined(LEGALPT_EMULATE)
+// build has them for this head dim (kHasFa3).
+#ifdef LEGALPT_WITH_FA3
 constexpr bool kHasFa3 = kHeadDim == 64 || kHeadDim == 128;
 #else
 constexpr bool kHasFa3 = false;
@@ -125,7 +127,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
     using T = typename decltype(tag)::type;
     constexpr bool kGeneral = decltype(general)::value;
     if constexpr (kFa3 && kHasFa3) {
-#if defined(LEGALPT_FA3) || defined(LEGALPT_EMULATE)
+#ifdef LEGALPT_WITH_FA3
       using Tr = fa3::FwdTraits<T, kHeadDim>;
       const dim3 grid((max_q + Tr::kBlockM - 1) / Tr::kBlockM, documents(q, cu_q), p.heads);
       launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, p);
@@ -168,7 +170,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
     using T = typename decltype(tag)::type;
     constexpr bool kGeneral = decltype(general)::value;
     if constexpr (kFa3 && kHasFa3) {
-#if defined(LEGALPT_FA3) || defined(LEGALPT_EMULATE)
+#ifdef LEGALPT_WITH_FA3
       using Tr = fa3::BwdTraits<T, kHeadDim>;
       static_assert(Tr::kBlockN == kKeys, "split_dkv_kernel and the grid assume fa2's key tiles");
       launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, p);
@@ -235,7 +237,7 @@ inline void add_attributes(pybind11::module& m) {
   m.attr("fwd_tile") = pybind11::make_tuple(Fwd::kBlockM, Fwd::kBlockN);  // (query rows, keys) per forward tile
   m.attr("bwd_tile") = pybind11::make_tuple(Bwd::kBlockM, Bwd::kBlockN);  // (query rows, keys) per backward tile
   m.attr("fa3") = kHasFa3;  // forward_fa3 and backward_fa3 run the Hopper kernels (else they are fa2's)
-#if defined(LEGALPT_FA3) || defined(LEGALPT_EMULATE)
+#ifdef LEGALPT_WITH_FA3
   using Fa3Fwd = fa3::FwdTraits<__half, kHeadDim>;
   using Fa3Bwd = fa3::BwdTraits<__half, kHeadDim>;
   m.attr("fa3_fwd_tile") = kHasFa3 ? pybind11::make_tuple(Fa3Fwd::kBlockM, Fa3Fwd::kBlockN) : m.attr("fwd_tile");

@@ -30,35 +30,6 @@ struct FwdTraits {
   static constexpr int kSmem = kBlockM * D * sizeof(T) + 4 * kTileBytes + 1024;
 };
 
-// ROWS x D elements from global memory (row stride `stride`) into a swizzled tile at `dst`; rows at or past `valid`
-// are zero-filled. Each thread copies one 16-byte chunk of every THREADS / (D / 8)-th row (fa2::load_tile says why
-// with a single walking pointer).
-template <typename T, int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_swizzled(unsigned char* dst, const T* src, int64_t stride, int valid) {
-  constexpr int kChunks = D / 8, kRowsPerPass = THREADS / kChunks;
-  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 8 == 0);
-  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
-  const T* from = src + r * stride + c * 8;
-  unsigned char* to = dst + swizzled<ROWS>(r, c);  // rows r + kRowsPerPass * it share r's swizzle (r % 8)
-#pragma unroll
-  for (int it = 0; it < ROWS / kRowsPerPass; ++it) {
-    cp_async16(to + it * kRowsPerPass * 128, from, r + it * kRowsPerPass < valid);
-    from += kRowsPerPass * stride;
-  }
-}
-
-// P (64 x 128 keys of a warpgroup, float accumulators) as the A fragments of O += P V, one per 16 keys.
-template <typename T, int BN>
-__device__ __forceinline__ void to_fragments(const float (&s)[BN / 8][4], uint32_t (&a)[BN / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) {
-    a[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-    a[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-    a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
-}
-
 // Tile t's scores s (a warpgroup's 64 rows x BN keys, raw) to P, as in the FA2 forward: the element rule, the new
 // running max, P = exp2(logit - max) and the row sums. Then, once P V of the previous tile is done (`in_flight`), O is
 // rescaled if a row of the warp moved its max, and P becomes the A fragments of the next P V.
@@ -201,20 +172,10 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     pin<D / 8>(o);
   }
 
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float l = quad_sum(row_sum[half]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key: output 0
-    const int i = i0 + 8 * half;
-    if (i >= doc.lq) continue;
-    T* out = fa2::row_ptr<T>(p.o, b, doc.q_start, i, h) + 2 * (lane % 4);
-#pragma unroll
-    for (int d = 0; d < D / 8; ++d)
-      *reinterpret_cast<uint32_t*>(out + 8 * d) = pack2<T>(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
-    if (lane % 4 == 0)
-      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + i] =
-          l > 0.f ? (row_max[half] + log2f(l)) * fa2::kLn2 : -INFINITY;
-  }
+  cp_async_wait<0>();  // Q's copy, when no key tile was visited
+  fa2::write_rows<T, D>(p, o, row_max, row_sum, i0, doc, b, h);
+#elif defined(__CUDA_ARCH__)
+  __trap();  // another target's code: fa3.check never launches it there, and it must not pass silently
 #endif
 }
 

@@ -28,6 +28,35 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
   return (chunk / 8) * ROWS * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) << 4);
 }
 
+// ROWS x D elements from global memory (row stride `stride`) into a swizzled tile at `dst`; rows at or past `valid`
+// are zero-filled. Each thread copies one 16-byte chunk of every THREADS / (D / 8)-th row (fa2::load_tile says why
+// with a single walking pointer).
+template <typename T, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_swizzled(unsigned char* dst, const T* src, int64_t stride, int valid) {
+  constexpr int kChunks = D / 8, kRowsPerPass = THREADS / kChunks;
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 8 == 0);
+  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+  const T* from = src + r * stride + c * 8;
+  unsigned char* to = dst + swizzled<ROWS>(r, c);  // rows r + kRowsPerPass * it share r's swizzle (r % 8)
+#pragma unroll
+  for (int it = 0; it < ROWS / kRowsPerPass; ++it) {
+    cp_async16(to + it * kRowsPerPass * 128, from, r + it * kRowsPerPass < valid);
+    from += kRowsPerPass * stride;
+  }
+}
+
+// P (64 x 128 keys of a warpgroup, float accumulators) as the A fragments of O += P V, one per 16 keys.
+template <typename T, int BN>
+__device__ __forceinline__ void to_fragments(const float (&s)[BN / 8][4], uint32_t (&a)[BN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    a[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    a[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
 // Descriptor of a swizzled operand starting at shared address `addr`. K-major (the reduction runs along the 128-byte
 // lines: Q and K in S = Q K^T): `panel` unused, 8-row groups 1024 bytes apart. MN-major (the output columns run
 // along the lines: V in O = P V): `panel` bytes between the 64-column panels, 8-row groups 1024 bytes apart.

@@ -7,8 +7,8 @@ for a wrong type) naming it. What flash-attn offers and legalpt does not (dropou
 instead of being ignored.
 
 Backend: the `backend=` argument, else the environment variable LEGALPT_ATTN_BACKEND, else `set_backend()`, else
-"auto". "fa2" is our FlashAttention-2 CUDA kernels (sm80+, bf16/fp16); "fa3" the same with the forward on Hopper's
-wgmma (sm90, head dims 64 and 128; fa3.py); "reference" the blockwise PyTorch
+"auto". "fa2" is our FlashAttention-2 CUDA kernels (sm80+, bf16/fp16); "fa3" our Hopper kernels on wgmma (sm90;
+head dims padded to 64 and 128, fa2's kernels at the others: fa3.py); "reference" the blockwise PyTorch
 implementation (any device and dtype); both serve the custom ops. For comparison: "sdpa" is torch's
 scaled_dot_product_attention with a dense mask, "flex" PyTorch FlexAttention with the same mask (compiled on CUDA).
 "auto" runs fa3 on Hopper, fa2 where it can run elsewhere, and the reference where neither can, and logs why once.
@@ -158,7 +158,7 @@ def flash_attn_varlen_func(
 
 
 def _resolve_backend(backend: str | None, need_lse: bool, q: Tensor) -> str:
-    """The backend to run: argument > environment variable > set_backend(); "auto" resolved; fa2 checked."""
+    """The backend to run: argument > environment variable > set_backend(); "auto" resolved; fa2 and fa3 checked."""
     if backend is not None:
         name = _check_backend(backend, "backend")
     elif os.environ.get(BACKEND_ENV):

@@ -29,33 +29,38 @@ MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's y and z sizes: the kernel
 SPLIT_VISITS = 32
 
 
-def check(q: Tensor) -> None:
-    """ValueError naming what keeps the fa2 kernels from running on these inputs (called before any launch).
+def check(q: Tensor, backend: str = "fa2") -> None:
+    """ValueError naming what keeps the `backend` kernels (fa2, or fa3: fa2's and the Hopper ones) from running on
+    these inputs (called before any launch).
 
     Outside torch.compile this also builds (or loads) the kernels for the head dim, so that a failed build is
     reported here, and `auto` can fall back, rather than inside the op. While torch.compile traces, only the inputs
     are checked: the machine checks read files, which would break the graph; the op checks them when it runs.
     """
     if q.device.type != "cuda":
-        raise ValueError(f"backend: fa2 cannot run here: it needs a CUDA device and the inputs are on {q.device.type}")
-    check_inputs(q)
+        raise ValueError(
+            f"backend: {backend} cannot run here: it needs a CUDA device and the inputs are on {q.device.type}"
+        )
+    check_inputs(q, backend)
     if torch.compiler.is_compiling():
         return
     reason = kernels.unavailable_reason(q.device)
+    if reason is None and backend == "fa3":
+        reason = kernels.hopper_unavailable_reason(q.device)
     if reason is not None:
-        raise ValueError(f"backend: fa2 cannot run here: {reason}")
+        raise ValueError(f"backend: {backend} cannot run here: {reason}")
     try:
         kernels.fa2(kernels.padded_head_dim(q.shape[-1]))
     except RuntimeError as error:
-        raise ValueError(f"backend: fa2 cannot run here: {error}") from error
+        raise ValueError(f"backend: {backend} cannot run here: {error}") from error
 
 
-def check_inputs(q: Tensor) -> None:
+def check_inputs(q: Tensor, backend: str = "fa2") -> None:
     """The part of `check` about the inputs alone (dtype, head dim), whatever the device."""
     if q.dtype not in DTYPES:
-        raise ValueError(f"q: the fa2 backend supports bfloat16 and float16, got {q.dtype}")
+        raise ValueError(f"q: the {backend} backend supports bfloat16 and float16, got {q.dtype}")
     if kernels.padded_head_dim(q.shape[-1]) is None:
-        raise ValueError(f"q: the fa2 backend supports head_dim <= {kernels.HEAD_DIMS[-1]}, got {q.shape[-1]}")
+        raise ValueError(f"q: the {backend} backend supports head_dim <= {kernels.HEAD_DIMS[-1]}, got {q.shape[-1]}")
 
 
 def forward(
@@ -72,9 +77,9 @@ def forward(
     hopper: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """out like q; logsumexp float32 (B, H, Sq) for a batch, (H, total_q) for a varlen batch. `hopper`: the fa3
-    forward (csrc/fa3) where the extension has one for this head dim, with its own tiles."""
+    backend's forward (csrc/fa3) where the extension has one for this head dim, with its own tiles."""
     _check_grid(q, cu_seqlens_q)
-    ext, head_dim = _extension(q), q.shape[-1]
+    ext, head_dim = _extension(q, hopper), q.shape[-1]
     launch, tile = (ext.forward_fa3, ext.fa3_fwd_tile) if hopper else (ext.forward, ext.fwd_tile)
     qk, kk, vk = (_kernel_layout(x, ext.head_dim) for x in (q, k, v))
     out = torch.empty_like(qk)
@@ -107,9 +112,10 @@ def backward(
     deterministic: bool = False,
     hopper: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of `forward`. `hopper`: the fa3 backward (csrc/fa3) where the extension has one, with its tiles."""
+    """dq, dk, dv of `forward`. `hopper`: the fa3 backend's backward (csrc/fa3) where the extension has one, with its
+    tiles; the deterministic dQ pass is fa2's either way."""
     _check_grid(q, cu_seqlens_q)
-    ext, head_dim = _extension(q), q.shape[-1]
+    ext, head_dim = _extension(q, hopper), q.shape[-1]
     launch, tile = (ext.backward_fa3, ext.fa3_bwd_tile) if hopper else (ext.backward, ext.bwd_tile)
     qk, kk, vk, dok = (_kernel_layout(x, ext.head_dim) for x in (q, k, v, dout))
     lse = lse.contiguous()
@@ -123,7 +129,7 @@ def backward(
     dkv_split = torch.zeros((documents, rows, kk.shape[-2], 2 * ext.head_dim), device=q.device, dtype=torch.float32)
     shape = (spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     by_key_tile = schedule_for(*shape, tile, transposed=True, device=q.device)
-    by_query_tile = by_key_tile  # deterministic: dQ gets its own pass over the forward's tiles (csrc/fa2/bwd.cuh)
+    by_query_tile = by_key_tile  # deterministic: dQ gets its own pass over fa2's forward tiles (csrc/fa2/bwd.cuh)
     if deterministic:
         by_query_tile = schedule_for(*shape, ext.fwd_tile, transposed=False, device=q.device)
     launch(
@@ -152,9 +158,9 @@ def _unpad(x: Tensor, head_dim: int) -> Tensor:
     return x if x.shape[-1] == head_dim else x[..., :head_dim].contiguous()
 
 
-def _extension(q: Tensor) -> ModuleType:
+def _extension(q: Tensor, hopper: bool = False) -> ModuleType:
     """The checked, built extension for q's head dim (zero-padded up to an instantiated one)."""
-    check(q)
+    check(q, "fa3" if hopper else "fa2")
     return kernels.fa2(kernels.padded_head_dim(q.shape[-1]))
 
 

@@ -10,7 +10,7 @@ tests check their index math, masks and barriers on machines without a GPU.
 
 Environment: LEGALPT_KERNEL_CACHE (the cache folder; default ~/.cache/legalpt/kernels), LEGALPT_CUDA_ARCHS
 (compute capabilities to build, default "80;90": sm_80 machine code runs on Ampere and Ada, sm_90a on Hopper,
-where it adds the fa3 forward).
+where it adds the fa3 kernels).
 """
 
 from __future__ import annotations
@@ -57,6 +57,16 @@ def unavailable_reason(device: torch.device) -> str | None:
 
     if CUDA_HOME is None or shutil.which(os.path.join(CUDA_HOME, "bin", "nvcc")) is None:
         return "nvcc was not found to build the kernels (set CUDA_HOME to a CUDA toolkit)"
+    return None
+
+
+def hopper_unavailable_reason(device: torch.device) -> str | None:
+    """Why the fa3 kernels cannot run on `device`, a CUDA device that passes `unavailable_reason` (None if they can)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        return f"it needs a Hopper GPU (sm90), and {torch.cuda.get_device_name(device)} has {major}.{minor}"
+    if not has_fa3():
+        return f"the kernels are not built for sm_90a ({ARCHS_ENV} lacks 90)"
     return None
 
 
@@ -131,7 +141,7 @@ def _source_hash() -> str:
 
 
 def _gencode_flags() -> list[str]:
-    """nvcc's targets; Hopper's is sm_90a, whose wgmma the fa3 forward needs (LEGALPT_FA3 tells the host code)."""
+    """nvcc's targets; Hopper's is sm_90a, whose wgmma the fa3 kernels need (LEGALPT_FA3 tells the host code)."""
     archs = [a.strip() for a in os.environ.get(ARCHS_ENV, "80;90").replace(",", ";").split(";") if a.strip()]
     archs = ["90a" if a == "90" else a for a in archs]
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
@@ -139,7 +149,7 @@ def _gencode_flags() -> list[str]:
 
 
 def has_fa3() -> bool:
-    """Whether the builds target Hopper (sm_90a), which the fa3 forward runs on."""
+    """Whether the builds target Hopper (sm_90a), which the fa3 kernels run on."""
     return "-DLEGALPT_FA3" in _gencode_flags()
 
 

@@ -2,7 +2,7 @@
 
 Registered with torch.library, with fake (meta) implementations and autograd, so the attention is one opaque node
 under torch.compile(fullgraph=True). The backend is an op argument: each op looks its kernels up in `_KERNELS` by
-name: the reference, our FA2 CUDA kernels (fa2.py) and the Hopper forward beside them (fa3.py). `deterministic`
+name: the reference, our FA2 CUDA kernels (fa2.py) and our Hopper kernels (fa3.py). `deterministic`
 selects fa2's atomic-free dQ; the reference backward is deterministic either way. Nothing here compiles or loads
 CUDA code: the kernels build on first use.
 """

@@ -21,6 +21,8 @@ def cuda_input(dtype=torch.bfloat16, head_dim=64) -> SimpleNamespace:
 def capable_machine(monkeypatch):
     """A machine that passes every check before the build: sm90, sources and nvcc present."""
     monkeypatch.setattr(kernels, "unavailable_reason", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H200")
     monkeypatch.setattr(kernels, "_loaded", {})
     monkeypatch.setattr(kernels, "_build_errors", {})
     monkeypatch.setattr(api, "_auto_reasons_logged", set())
@@ -36,10 +38,8 @@ def test_an_old_gpu_is_named_with_its_compute_capability(monkeypatch):
 def test_fa3_needs_a_hopper_gpu_and_a_hopper_build(capable_machine, monkeypatch):
     with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: it needs a CUDA device .* cpu"):
         fa3.check(torch.zeros(2, 16, 4, 64, dtype=torch.bfloat16))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: no CUDA device is visible"):
-        fa3.check(cuda_input())
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match=r"^q: the fa3 backend supports bfloat16 and float16, got torch.float32"):
+        fa3.check(cuda_input(dtype=torch.float32))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A100")
     with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: .*Hopper.*NVIDIA A100 has 8\.0"):
@@ -48,13 +48,15 @@ def test_fa3_needs_a_hopper_gpu_and_a_hopper_build(capable_machine, monkeypatch)
     monkeypatch.setenv(kernels.ARCHS_ENV, "80")
     with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: .*not built for sm_90a"):
         fa3.check(cuda_input())
-    monkeypatch.setattr(kernels, "_build", lambda head_dim: SimpleNamespace(head_dim=head_dim))
+    builds = []
+    monkeypatch.setattr(kernels, "_build", lambda head_dim: builds.append(head_dim) or SimpleNamespace())
     monkeypatch.setenv(kernels.ARCHS_ENV, "80;90")
-    fa3.check(cuda_input())
+    fa3.check(cuda_input(head_dim=100))
+    assert builds == [128]  # zero-padded to the extension of head dim 128, which holds fa3's kernels
 
 
 @pytest.mark.parametrize(("archs", "fa3"), [("80;90", True), ("90", True), ("80", False), ("80,86", False)], ids=str)
-def test_hopper_builds_sm90a_with_the_fa3_forward(monkeypatch, archs: str, fa3: bool):
+def test_hopper_builds_sm90a_with_the_fa3_kernels(monkeypatch, archs: str, fa3: bool):
     monkeypatch.setenv(kernels.ARCHS_ENV, archs)
     flags = kernels._gencode_flags()
     assert ("-gencode=arch=compute_90a,code=sm_90a" in flags) == fa3
@@ -81,7 +83,6 @@ def test_a_failed_build_is_a_clear_error_and_auto_falls_back_once(capable_machin
 
 def test_auto_runs_fa3_on_hopper(capable_machine, monkeypatch):
     monkeypatch.setattr(kernels, "_build", lambda head_dim: SimpleNamespace(head_dim=head_dim))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     monkeypatch.setenv(kernels.ARCHS_ENV, "80;90")
     assert api._auto(cuda_input()) == "fa3"
@@ -95,6 +96,7 @@ def test_auto_runs_fa3_on_hopper(capable_machine, monkeypatch):
 
 def test_auto_runs_fa2_where_it_builds(capable_machine, monkeypatch):
     monkeypatch.setattr(kernels, "_build", lambda head_dim: SimpleNamespace(head_dim=head_dim))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))  # no fa3 there
     assert api._auto(cuda_input()) == "fa2"
     assert api._auto(cuda_input(dtype=torch.float32)) == "reference"
     assert api._auto(cuda_input(head_dim=320)) == "reference"

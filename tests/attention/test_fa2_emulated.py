@@ -61,6 +61,7 @@ FA3_CASES = {
         {"causal": True, "window_size": (96, 0), "dilation": 3, "softcap": 30.0, "softmax_scale": 0.5},
     ),
     "fa3-dense-d64-fp16-deterministic": (64, torch.float16, (70, 150), (2, 2), {"deterministic": True}),
+    "fa3-causal-d100-padded": (100, torch.bfloat16, (70, 70), (2, 1), {"causal": True}),  # zero-padded to 128
 }  # fmt: skip
 
 

@@ -1,9 +1,10 @@
 """The fa3 backend (issue 3: forward and backward on Hopper's wgmma, csrc/fa3) on a GPU run of its own: test_fa2.py's
-cases at head dims 64 and 128 (every mask, both dtypes, odd and unequal lengths, GQA and MQA, softcap, strided
-inputs, deterministic dQ), rows that see no key, varlen packs, split global key tiles and FlexAttention as a second
-reference, all through test_fa2.py's checks (out, lse, dq, dk, dv) with the backend switched to fa3.
-`LEGALPT_FA2_TEST_BACKEND=fa3 pytest tests/attention/test_fa2.py` runs all of test_fa2.py on fa3. The CPU tests of
-its checks and build flags are in test_fa2_checks.py.
+cases at the head dims that run fa3's kernels (64 and 128, and 36 padded to 64; every mask, both dtypes, odd and
+unequal lengths, GQA and MQA, softcap, strided inputs, deterministic dQ), rows that see no key, varlen packs, split
+global key tiles and FlexAttention as a second reference, all through test_fa2.py's checks (out, lse, dq, dk, dv)
+with the backend switched to fa3. `LEGALPT_FA2_TEST_BACKEND=fa3 pytest tests/attention/test_fa2.py` runs all of
+test_fa2.py on fa3. The CPU tests of its checks and build flags are in test_fa2_checks.py, of its kernels' logic in
+test_fa2_emulated.py.
 """
 
 from __future__ import annotations
@@ -12,17 +13,19 @@ import pytest
 import test_fa2 as base
 import torch
 
+from legalpt.attention import kernels
+
 pytestmark = pytest.mark.cuda
 
-HEAD_DIMS = (64, 128)  # the fa3 forward's; others run fa2's forward
-CASES = [case for case in base._cases() if case.head_dim in HEAD_DIMS]
+HEAD_DIMS = (64, 128)  # the fa3 kernels'; head dims that pad to them (36 in test_fa2's list) run them too
+CASES = [case for case in base._cases() if kernels.padded_head_dim(case.head_dim) in HEAD_DIMS]
 
 
 @pytest.fixture(autouse=True)
 def _on_fa3(monkeypatch, rng) -> None:
     """The backend under test is fa3 (on a Hopper GPU), with fresh inputs seeded by tests/conftest.py's rng."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the fa3 forward needs a Hopper GPU (sm90)")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0) or not kernels.has_fa3():
+        pytest.skip("the fa3 kernels need a Hopper GPU (sm90) and an sm_90a build (LEGALPT_CUDA_ARCHS with 90)")
     monkeypatch.setattr(base, "BACKEND", "fa3")
 
 
