@@ -8,10 +8,11 @@ checks and padding are fa2.py's.
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import Tensor
 
 from legalpt.attention import fa2
-from legalpt.attention.masks import MaskSpec
 
 
 def check(q: Tensor) -> None:
@@ -20,43 +21,6 @@ def check(q: Tensor) -> None:
     fa2.check(q, "fa3")
 
 
-def forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_seqlens_q: Tensor | None,
-    cu_seqlens_k: Tensor | None,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    spec: MaskSpec,
-    softmax_scale: float,
-    softcap: float,
-) -> tuple[Tensor, Tensor]:
-    """fa2.forward's contract, on the Hopper forward (fa2.forward checks the inputs as fa3's)."""
-    return fa2.forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, softmax_scale, softcap, hopper=True
-    )
-
-
-def backward(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    dlse: Tensor | None,
-    cu_seqlens_q: Tensor | None,
-    cu_seqlens_k: Tensor | None,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    spec: MaskSpec,
-    softmax_scale: float,
-    softcap: float,
-    deterministic: bool = False,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """fa2.backward's contract, on the Hopper backward (fa2.backward checks the inputs as fa3's)."""
-    return fa2.backward(
-        dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, softmax_scale,
-        softcap, deterministic, hopper=True,
-    )  # fmt: skip
+# fa2.forward's and fa2.backward's contracts, on the Hopper kernels (which they check the inputs for, as fa3's)
+forward = partial(fa2.forward, hopper=True)
+backward = partial(fa2.backward, hopper=True)
