@@ -2,8 +2,9 @@
 // warpgroup owning 64 rows. S = Q K^T and O += P V run on wgmma (wgmma.cuh): Q, K and V in swizzled shared memory,
 // P straight from the registers S was computed in. Per visited key tile t, each warpgroup issues S(t) and then
 // O += P(t-1) V(t-1), both asynchronous, waits for S(t) alone and computes its softmax while the tensor cores still
-// run P V: FA3's overlap of the softmax with the other matmul, inside a warpgroup. The online softmax and the element
-// rule are the FA2 forward's (csrc/fa2/fwd.cuh); so are the schedule of visited tiles and the output.
+// run P V: FA3's overlap of the softmax with the other matmul, inside a warpgroup. The element rule, the schedule of
+// visited tiles and the output are the FA2 forward's (csrc/fa2/fwd.cuh), and so is the online softmax, reordered
+// around the wait for P V (its max and P first, O's rescale after).
 //
 // Copies are cp.async from all threads (no TMA or producer warp yet): K(t+1) and V(t) load while tile t computes,
 // into two buffers each, and one barrier per tile makes them visible.
@@ -79,7 +80,7 @@ __device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 
 template <typename T, int D, bool kGeneral>
 __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const __grid_constant__ Params p) {
   static_assert(D == 64 || D == 128, "the fa3 forward is instantiated for head dims 64 and 128");
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a (empty elsewhere, never launched)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a and the CPU emulation
   using Tr = FwdTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
