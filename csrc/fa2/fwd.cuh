@@ -80,6 +80,30 @@ __device__ __forceinline__ void logits(const Params& p, float (&s)[R][BN / 8][4]
   if (partial) mask_tile<kGeneral, R, BN>(p, s, i0, j0, doc, b, h);
 }
 
+// The log2-domain max over a tile of half-row `half` of a thread's m16 row tile (row lane / 4 + 8 half; raw scores
+// as `logits` leaves them), across its quad.
+template <bool kGeneral, int BN>
+__device__ __forceinline__ float tile_row_max(const Params& p, const float (&s)[BN / 8][4], int half) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < BN / 8; ++n) m = fmaxf(m, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+  return quad_max(m) * to_log2<kGeneral>(p);  // -inf stays -inf: to_log2 > 0
+}
+
+// P = exp2(logit - m) in place for that half-row, m its running max; returns this thread's part of P's row sum.
+template <bool kGeneral, int BN>
+__device__ __forceinline__ float exp_row(const Params& p, float (&s)[BN / 8][4], int half, float m) {
+  const float m_safe = m == -INFINITY ? 0.f : m;  // a row that has seen nothing yet keeps p = exp2(-inf) = 0
+  float sum = 0.f;
+#pragma unroll
+  for (int n = 0; n < BN / 8; ++n) {
+    s[n][2 * half] = exp2f(fmaf(s[n][2 * half], to_log2<kGeneral>(p), -m_safe));
+    s[n][2 * half + 1] = exp2f(fmaf(s[n][2 * half + 1], to_log2<kGeneral>(p), -m_safe));
+    sum += s[n][2 * half] + s[n][2 * half + 1];
+  }
+  return sum;
+}
+
 // A thread's two rows of an m16 row tile (i0 and i0 + 8 within the document) of O, normalized by their sums, and
 // their logsumexp. o, row_max, row_sum: as the forward kernels keep them (row_sum: this thread's part).
 template <typename T, int D>
@@ -182,10 +206,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kM
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float m = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < BN / 8; ++n) m = fmaxf(m, fmaxf(s[r][n][2 * half], s[r][n][2 * half + 1]));
-        tile_max[r][half] = quad_max(m) * to_log2<kGeneral>(p);  // -inf stays -inf: to_log2 > 0
+        tile_max[r][half] = tile_row_max<kGeneral, BN>(p, s[r], half);
         move |= tile_max[r][half] > row_max[r][half];
       }
     if (__any_sync(0xffffffffu, move)) {
@@ -207,18 +228,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, FwdTraits<T, D>::kM
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        // a row that has seen nothing yet keeps p = exp2(-inf) = 0
-        const float m_safe = row_max[r][half] == -INFINITY ? 0.f : row_max[r][half];
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < BN / 8; ++n) {
-          s[r][n][2 * half] = exp2f(fmaf(s[r][n][2 * half], to_log2<kGeneral>(p), -m_safe));
-          s[r][n][2 * half + 1] = exp2f(fmaf(s[r][n][2 * half + 1], to_log2<kGeneral>(p), -m_safe));
-          sum += s[r][n][2 * half] + s[r][n][2 * half + 1];
-        }
-        row_sum[r][half] += sum;
-      }
+      for (int half = 0; half < 2; ++half) row_sum[r][half] += exp_row<kGeneral, BN>(p, s[r], half, row_max[r][half]);
 
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {

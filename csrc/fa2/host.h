@@ -236,7 +236,7 @@ inline void add_attributes(pybind11::module& m) {
   m.attr("head_dim") = kHeadDim;
   m.attr("fwd_tile") = pybind11::make_tuple(Fwd::kBlockM, Fwd::kBlockN);  // (query rows, keys) per forward tile
   m.attr("bwd_tile") = pybind11::make_tuple(Bwd::kBlockM, Bwd::kBlockN);  // (query rows, keys) per backward tile
-  m.attr("fa3") = kHasFa3;  // forward_fa3 and backward_fa3 run the Hopper kernels (else they are fa2's)
+  // (query rows, keys) of forward_fa3's and backward_fa3's tiles: the Hopper kernels' where built, else fa2's
 #ifdef LEGALPT_WITH_FA3
   using Fa3Fwd = fa3::FwdTraits<__half, kHeadDim>;
   using Fa3Bwd = fa3::BwdTraits<__half, kHeadDim>;

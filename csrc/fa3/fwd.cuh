@@ -46,22 +46,11 @@ __device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 
   bool move = false;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float m = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n) m = fmaxf(m, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
-    m = fmaxf(row_max[half], quad_max(m) * fa2::to_log2<kGeneral>(p));  // -inf stays -inf: to_log2 > 0
+    const float m = fmaxf(row_max[half], fa2::tile_row_max<kGeneral, BN>(p, s, half));
     move |= m > row_max[half];
-    const float m_safe = m == -INFINITY ? 0.f : m;  // a row that has seen nothing yet keeps p = exp2(-inf) = 0
-    correction[half] = exp2f(row_max[half] - m_safe);
+    correction[half] = exp2f(row_max[half] - (m == -INFINITY ? 0.f : m));
     row_max[half] = m;
-    float sum = 0.f;
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n) {
-      s[n][2 * half] = exp2f(fmaf(s[n][2 * half], fa2::to_log2<kGeneral>(p), -m_safe));
-      s[n][2 * half + 1] = exp2f(fmaf(s[n][2 * half + 1], fa2::to_log2<kGeneral>(p), -m_safe));
-      sum += s[n][2 * half] + s[n][2 * half + 1];
-    }
-    row_sum[half] = row_sum[half] * correction[half] + sum;
+    row_sum[half] = row_sum[half] * correction[half] + fa2::exp_row<kGeneral, BN>(p, s, half, m);
   }
   if (in_flight) {
     wgmma_wait<0>();  // P V of the previous tile is done: O may be rescaled and P's fragments rewritten
