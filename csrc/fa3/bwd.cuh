@@ -1,15 +1,14 @@
 // FA3 backward (Hopper, sm90a): one block of two warpgroups per (key tile of 128 keys, document, key head), each
 // warpgroup owning 64 keys and their dK and dV accumulators, over the same visits as the FA2 backward
-// (csrc/fa2/bwd.cuh: every query head of the group, split key tiles, the deterministic dQ pass). Per query tile of
-// 64 rows, recomputed from Q, K and the saved logsumexp, on wgmma (wgmma.cuh):
+// (csrc/fa2/bwd.cuh: every query head of the group, split key tiles, the deterministic dQ pass). Per query tile (64
+// rows at D = 128, 128 at D = 64), recomputed from Q, K and the saved logsumexp, on wgmma (wgmma.cuh):
 //   S^T = K Q^T and dP^T = V dO^T (A and B from swizzled shared memory)
 //   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) d(logit)/d(q.k), in registers (FA2's score_grads)
 //   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register A operands, dO and Q N-major from shared memory)
 //   dQ += dS K: dS^T goes through shared memory (M-major A); float32 atomics into dq_accum
-// At D = 128 each warpgroup computes dQ's 64 columns of its half of D over all 128 keys (both warpgroups' dS^T: one
-// barrier of the block); at D = 64 all 64 columns over its own 64 keys (a barrier of the warpgroup; twice the atomics
-// of one pass, as many per thread). Copies are cp.async from all threads: the next query tile's Q, dO, logsumexp and delta load while this
-// one computes, into a second stage.
+// Each warpgroup computes a 64 x 64 part of dQ over all 128 keys (both warpgroups' dS^T: one barrier): its half of
+// D at D = 128, its half of the rows at D = 64. Copies are cp.async from all threads: the next query tile's Q, dO,
+// logsumexp and delta load while this one computes, into a second stage.
 #pragma once
 
 #include "../fa2/bwd.cuh"
@@ -19,12 +18,15 @@ namespace legalpt::fa3 {
 
 template <typename T, int D>
 struct BwdTraits {
-  static constexpr int kBlockM = 64;   // query rows per visited tile: the N of S^T's wgmma
+  // Query rows per visited tile: the N of S^T's and dP^T's wgmma. 128 at D = 64, where S^T and dP^T (64 x 128) fit
+  // beside dK and dV (64 x 64 each); at D = 128 those take 64 x 128 each and S^T, dP^T 64 x 64.
+  static constexpr int kBlockM = D == 64 ? 128 : 64;
   static constexpr int kBlockN = 128;  // keys per block: 64 per warpgroup, the M of every wgmma
   static constexpr int kThreads = 256;
   static constexpr int kKeyTileBytes = kBlockN * D * sizeof(T);    // K or V
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
-  static constexpr bool kDqOverAllKeys = D == 128;  // dQ's split between the warpgroups: D's halves (else the keys)
+  // dQ's split between the warpgroups, each 64 x 64 over all keys: D's halves (BM = 64), or the query rows' (BM = 128)
+  static constexpr bool kDqByRows = kBlockM == 128;
   // K, V; Q and dO twice; dS^T (BN, BM); logsumexp and delta twice; 1024 bytes to align to the swizzle's period
   static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + kBlockN * kBlockM * sizeof(T) +
                                4 * kBlockM * sizeof(float) + 1024;
@@ -92,10 +94,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   // The warpgroup's 64 keys of K and V as A operands (K-major), the dQ operands (M-major dS^T, N-major K)
   const uint64_t k_desc = descriptor(smem_addr(sK) + 64 * wg * 128);
   const uint64_t v_desc = descriptor(smem_addr(sV) + 64 * wg * 128);
-  constexpr int kDqKeys = Tr::kDqOverAllKeys ? BN : BN / 2;
-  const int dq_key0 = Tr::kDqOverAllKeys ? 0 : 64 * wg, dq_col0 = Tr::kDqOverAllKeys ? 64 * wg : 0;
-  const uint64_t ds_desc = descriptor(smem_addr(sdS) + dq_key0 * 128);
-  const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128 + dq_key0 * 128);
+  const int dq_row0 = Tr::kDqByRows ? 64 * wg : 0, dq_col0 = Tr::kDqByRows ? 0 : 64 * wg;
+  const uint64_t ds_desc = descriptor(smem_addr(sdS) + (dq_row0 / 64) * BN * 128);  // the panel of its 64 rows
+  const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128);   // the panel of its 64 columns
 
   float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
   fa2::BwdWork work{-1, 0, 0, 0, {}};
@@ -165,20 +166,16 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     fa2::BwdWork after = next;
     fa2::advance(p, after, b, hk, n_blk, chunk);  // its tile index is read here and needed an iteration later
     if (!p.deterministic) {
-      if constexpr (Tr::kDqOverAllKeys) {
-        __syncthreads();  // both warpgroups' dS^T are stored
-      } else {
-        warpgroup_sync();  // this warpgroup's dS^T is stored
-      }
-      float dq[1][64 / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + 2 (lane % 4)
+      __syncthreads();  // both warpgroups' dS^T are stored
+      float dq[1][64 / 8][4];  // rows: queries dq_row0 + 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kDqKeys / 16; ++kk)  // 16 keys: 16 lines
+      for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
         wgmma_ss<T, 64, 1, 1>(dq[0], ds_desc + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
       wgmma_commit();
       wgmma_wait<0>();
       pin<64 / 8>(dq[0]);
-      fa2::add_dq<1, 64>(p, dq, doc, b, h, m_blk * BM + 16 * (threadIdx.x / 32 % 4), dq_col0);
+      fa2::add_dq<1, 64>(p, dq, doc, b, h, m_blk * BM + dq_row0 + 16 * (threadIdx.x / 32 % 4), dq_col0);
     }
     wgmma_wait<0>();
     pin<D / 8>(dk[0]);
