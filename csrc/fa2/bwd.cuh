@@ -46,22 +46,25 @@ struct BwdTraits {
                                kScratch * sizeof(T);
 };
 
+// P = exp2(logit - lse) of a score s = q.k without softcap, and dS = P (dP - delta) d(logit)/d(q.k) from it:
+// score_grads's two halves, apart for the fa3 backward, which takes P while dP is still being computed.
+__device__ __forceinline__ float plain_prob(const Params& p, float s, float lse) { return exp2f(s * p.scale_log2 - lse); }
+__device__ __forceinline__ float plain_grad(const Params& p, float prob, float dp, float delta) {
+  return prob * (dp - delta) * p.ds_scale;
+}
+
 // P and dS of one score s = q.k (raw), in place: s <- p = exp2(logit - lse), dp <- dS = p (dp - delta) dlogit/d(q.k).
 // A row without keys has lse = +inf, so p = 0 there. Masked scores are zeroed by the caller afterwards.
 template <bool kGeneral>
 __device__ __forceinline__ void score_grads(const Params& p, float& s, float& dp, float lse, float delta) {
-  float x, dlogit;  // logit (log2 domain) and d logit_e / d (q.k)
   if (kGeneral && p.softcap > 0.f) {
     const float th = tanh_accurate(s * p.softcap_inv_scale);
-    x = p.softcap * kLog2e * th;
-    dlogit = p.ds_scale * (1.f - th * th);
+    s = exp2f(p.softcap * kLog2e * th - lse);
+    dp = s * (dp - delta) * (p.ds_scale * (1.f - th * th));
   } else {
-    x = s * p.scale_log2;
-    dlogit = p.ds_scale;
+    s = plain_prob(p, s, lse);
+    dp = plain_grad(p, s, dp, delta);
   }
-  const float prob = exp2f(x - lse);
-  s = prob;
-  dp = prob * (dp - delta) * dlogit;
 }
 
 // The (query head, query tile) pairs a block visits, in order: every head of the group, each head's schedule row of
@@ -84,10 +87,11 @@ __device__ __forceinline__ void advance(const Params& p, BwdWork& w, int b, int 
 }
 
 // The element rule on a warp's partial S^T / dP^T tile in one-level (16 keys from `key0` x BM queries from `q0`):
-// P and dS become 0 where the mask removes the score. One row mask per query column serves the thread's two keys.
-template <bool kGeneral, int BM>
-__device__ __forceinline__ void mask_transposed(const Params& p, float (&st)[BM / 8][4], float (&dpt)[BM / 8][4],
-                                                int q0, int key0, const Document& doc, int b, int h) {
+// `zero(n, c)` is called for each score [n][c] that the mask removes. One row mask per query column serves the
+// thread's two keys.
+template <bool kGeneral, int BM, typename Zero>
+__device__ __forceinline__ void mask_transposed(const Params& p, int q0, int key0, const Document& doc, int b, int h,
+                                                Zero zero) {
   const int lane = threadIdx.x % 32, j0 = key0 + lane / 4;  // the thread's keys: j0 and j0 + 8
 #pragma unroll
   for (int n = 0; n < BM / 8; ++n)
@@ -97,7 +101,7 @@ __device__ __forceinline__ void mask_transposed(const Params& p, float (&st)[BM 
       const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
 #pragma unroll
       for (int ck = 0; ck < 2; ++ck)
-        if (!allowed<kGeneral>(p.mask, rm, i, j0 + 8 * ck, b, h)) st[n][2 * ck + cq] = dpt[n][2 * ck + cq] = 0.f;
+        if (!allowed<kGeneral>(p.mask, rm, i, j0 + 8 * ck, b, h)) zero(n, 2 * ck + cq);
     }
 }
 
@@ -311,7 +315,8 @@ __device__ __forceinline__ void kv_grads_one_level(const Params& p, const BwdBlo
       score_grads<kGeneral>(p, st[n][c], dpt[n][c], tile.sLse[col], tile.sDelta[col]);
     }
   if (tile.partial) {
-    mask_transposed<kGeneral, BM>(p, st, dpt, tile.m_blk * BM, blk.n_blk * BN + key0, blk.doc, blk.b, tile.h);
+    mask_transposed<kGeneral, BM>(p, tile.m_blk * BM, blk.n_blk * BN + key0, blk.doc, blk.b, tile.h,
+                                  [&](int n, int c) { st[n][c] = dpt[n][c] = 0.f; });
   }
 #pragma unroll
   for (int kq = 0; kq < BM / 16; ++kq) {

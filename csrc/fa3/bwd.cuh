@@ -129,43 +129,66 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
                       kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    pin<BM / 8>(st);
-    pin<BM / 8>(dpt);
-
     const float* lse = sLse0 + stage * BM;
     const float* delta = sDelta0 + stage * BM;
-#pragma unroll
-    for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int i = 8 * n + 2 * (lane % 4) + c % 2;
-        fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse[i], delta[i]);
-      }
-    if (work.t < work.vis.partial) {
-      fa2::mask_transposed<kGeneral, BM>(p, st, dpt, m_blk * BM, n_blk * BN + key0, doc, b, h);
-    }
+    auto query = [&](int n, int c) { return 8 * n + 2 * (lane % 4) + c % 2; };  // the query of st[n][c] in the tile
+    const bool partial = work.t < work.vis.partial;
     uint32_t pa[BM / 16][4], dsa[BM / 16][4];  // P^T and dS^T as A fragments, 16 queries each
-    to_fragments<T, BM>(st, pa);
-    to_fragments<T, BM>(dpt, dsa);
-    if (!p.deterministic) {
-      store_transposed<T, BN, BM>(sdS, dpt, key0);
-      fence_proxy_async();
+    if constexpr (kGeneral) {  // softcap's dS needs the raw score beside dP^T: both first
+      wgmma_wait<0>();
+      pin<BM / 8>(st);
+      pin<BM / 8>(dpt);
+#pragma unroll
+      for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse[query(n, c)], delta[query(n, c)]);
+      if (partial) {
+        fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+                                           [&](int n, int c) { st[n][c] = dpt[n][c] = 0.f; });
+      }
+    } else {  // P^T while dP^T is still computed; masked P^T is 0, and so is its dS^T
+      wgmma_wait<1>();
+      pin<BM / 8>(st);
+#pragma unroll
+      for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse[query(n, c)]);
+      if (partial) {
+        fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+                                           [&](int n, int c) { st[n][c] = 0.f; });
+      }
     }
-
-    pin<D / 8>(dk[0]);
+    to_fragments<T, BM>(st, pa);
     pin<D / 8>(dv[0]);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {  // 16 queries: 16 lines of every panel
+    for (int kk = 0; kk < BM / 16; ++kk)  // dV += P^T dO, 16 queries: 16 lines of every panel
       wgmma_rs<T, D>(dv[0], pa[kk], do_desc_n + (kk * 16 * 128) / 16);
-      wgmma_rs<T, D>(dk[0], dsa[kk], q_desc_n + (kk * 16 * 128) / 16);
-    }
     wgmma_commit();
+    if constexpr (!kGeneral) {  // dS^T while dV's MMAs run
+      wgmma_wait<1>();
+      pin<BM / 8>(dpt);
+#pragma unroll
+      for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta[query(n, c)]);
+    }
+    to_fragments<T, BM>(dpt, dsa);
 
     fa2::BwdWork after = next;
     fa2::advance(p, after, b, hk, n_blk, chunk);  // its tile index is read here and needed an iteration later
-    if (!p.deterministic) {
+    auto dk_grads = [&] {  // dK += dS^T Q
+      pin<D / 8>(dk[0]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<T, D>(dk[0], dsa[kk], q_desc_n + (kk * 16 * 128) / 16);
+      wgmma_commit();
+    };
+    if (p.deterministic) {
+      dk_grads();
+    } else {  // dQ's MMAs before dK's, so that its atomics run beside dK's MMAs
+      store_transposed<T, BN, BM>(sdS, dpt, key0);
+      fence_proxy_async();
       __syncthreads();  // both warpgroups' dS^T are stored
       float dq[1][64 / 8][4];  // rows: queries dq_row0 + 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
       wgmma_fence();
@@ -173,7 +196,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
         wgmma_ss<T, 64, 1, 1>(dq[0], ds_desc + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
       wgmma_commit();
-      wgmma_wait<0>();
+      dk_grads();
+      wgmma_wait<1>();  // dV's and dQ's
       pin<64 / 8>(dq[0]);
       fa2::add_dq<1, 64>(p, dq, doc, b, h, m_blk * BM + dq_row0 + 16 * (threadIdx.x / 32 % 4), dq_col0);
     }
