@@ -48,7 +48,9 @@ struct BwdTraits {
 
 // P = exp2(logit - lse) of a score s = q.k without softcap, and dS = P (dP - delta) d(logit)/d(q.k) from it:
 // score_grads's two halves, apart for the fa3 backward, which takes P while dP is still being computed.
-__device__ __forceinline__ float plain_prob(const Params& p, float s, float lse) { return exp2f(s * p.scale_log2 - lse); }
+__device__ __forceinline__ float plain_prob(const Params& p, float s, float lse) {
+  return exp2f(s * p.scale_log2 - lse);
+}
 __device__ __forceinline__ float plain_grad(const Params& p, float prob, float dp, float delta) {
   return prob * (dp - delta) * p.ds_scale;
 }

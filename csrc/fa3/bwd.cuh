@@ -7,8 +7,11 @@
 //   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register A operands, dO and Q N-major from shared memory)
 //   dQ += dS K: dS^T goes through shared memory (M-major A); float32 atomics into dq_accum
 // Each warpgroup computes a 64 x 64 part of dQ over all 128 keys (both warpgroups' dS^T: one barrier): its half of
-// D at D = 128, its half of the rows at D = 64. Copies are cp.async from all threads: the next query tile's Q, dO,
-// logsumexp and delta load while this one computes, into a second stage.
+// D at D = 128, its half of the rows at D = 64. The order keeps the tensor cores fed: P^T once S^T is done (dP^T
+// still running), dV's MMAs issued, dS^T beside them, then dQ's MMAs before dK's, so that dQ's atomics run beside
+// dK's (the general kernels, whose softcap needs the raw score beside dP^T, wait for both first). Copies are
+// cp.async from all threads: the next query tile's Q, dO, logsumexp and delta load while this one computes, into a
+// second stage.
 #pragma once
 
 #include "../fa2/bwd.cuh"
@@ -141,7 +144,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
 #pragma unroll
       for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse[query(n, c)], delta[query(n, c)]);
+        for (int c = 0; c < 4; ++c) {
+          fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse[query(n, c)], delta[query(n, c)]);
+        }
       if (partial) {
         fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
                                            [&](int n, int c) { st[n][c] = dpt[n][c] = 0.f; });
