@@ -3,7 +3,8 @@
 // (csrc/fa2/bwd.cuh: every query head of the group, split key tiles, the deterministic dQ pass). Per query tile (64
 // rows at D = 128, 128 at D = 64), recomputed from Q, K and the saved logsumexp, on wgmma (wgmma.cuh):
 //   S^T = K Q^T and dP^T = V dO^T (A and B from swizzled shared memory)
-//   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) d(logit)/d(q.k), in registers (FA2's score_grads)
+//   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) d(logit)/d(q.k), in registers (FA2's score_grads, or its
+//   halves plain_prob and plain_grad)
 //   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register A operands, dO and Q N-major from shared memory)
 //   dQ += dS K: dS^T goes through shared memory (M-major A); float32 atomics into dq_accum
 // Each warpgroup computes a 64 x 64 part of dQ over all 128 keys (both warpgroups' dS^T: one barrier): its half of
