@@ -25,7 +25,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from legalpt.attention import fa2, fa3, ops, sdpa
+from legalpt.attention import fa2, fa3, kernels, ops, sdpa
 from legalpt.attention.masks import Documents, MaskSpec
 
 log = logging.getLogger(__name__)
@@ -182,13 +182,8 @@ def _auto(q: Tensor) -> str:
     """fa3 where it runs (Hopper), else fa2 where it runs, else the reference; the reason for falling back to the
     reference is logged once per reason."""
     try:
-        fa3.check(q)
-        return "fa3"
-    except ValueError:
-        pass  # not a Hopper GPU, or no sm_90a build: fa2 says whether it can run instead
-    try:
-        fa2.check(q)
-        return "fa2"
+        fa2.check(q)  # fa3's checks are fa2's and the GPU's generation
+        return "fa3" if kernels.hopper_unavailable_reason(q.device) is None else "fa2"
     except ValueError as why:
         reason = str(why)
         if reason not in _auto_reasons_logged:

@@ -35,18 +35,18 @@ def check(q: Tensor, backend: str = "fa2") -> None:
 
     Outside torch.compile this also builds (or loads) the kernels for the head dim, so that a failed build is
     reported here, and `auto` can fall back, rather than inside the op. While torch.compile traces, only the inputs
-    are checked: the machine checks read files, which would break the graph; the op checks them when it runs.
+    and fa3's GPU generation are checked: the machine checks read files, which would break the graph; the op checks
+    them when it runs.
     """
     if q.device.type != "cuda":
         raise ValueError(
             f"backend: {backend} cannot run here: it needs a CUDA device and the inputs are on {q.device.type}"
         )
     check_inputs(q, backend)
-    if torch.compiler.is_compiling():
+    reason = kernels.hopper_unavailable_reason(q.device) if backend == "fa3" else None
+    if reason is None and torch.compiler.is_compiling():
         return
-    reason = kernels.unavailable_reason(q.device)
-    if reason is None and backend == "fa3":
-        reason = kernels.hopper_unavailable_reason(q.device)
+    reason = kernels.unavailable_reason(q.device) or reason
     if reason is not None:
         raise ValueError(f"backend: {backend} cannot run here: {reason}")
     try:

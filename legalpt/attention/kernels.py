@@ -60,8 +60,9 @@ def unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
+@torch.compiler.assume_constant_result  # a constant while torch.compile traces: the GPU and the build settings
 def hopper_unavailable_reason(device: torch.device) -> str | None:
-    """Why the fa3 kernels cannot run on `device`, a CUDA device that passes `unavailable_reason` (None if they can)."""
+    """Why the fa3 kernels cannot run on the CUDA `device` beyond `unavailable_reason`'s reasons (None if they can)."""
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) != (9, 0):
         return f"it needs a Hopper GPU (sm90), and {torch.cuda.get_device_name(device)} has {major}.{minor}"

@@ -94,6 +94,19 @@ def test_auto_runs_fa3_on_hopper(capable_machine, monkeypatch):
     assert api._auto(cuda_input()) == "fa2"
 
 
+def test_auto_under_torch_compile_runs_fa3_only_on_hopper(capable_machine, monkeypatch):
+    """While torch.compile traces, the build checks are left to the op, but the GPU's generation is known: auto must
+    not pick fa3 for an sm80 GPU, whose op would then refuse it."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setenv(kernels.ARCHS_ENV, "80;90")
+    assert api._auto(cuda_input()) == "fa3"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A100")
+    assert api._auto(cuda_input()) == "fa2"
+    with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: .*Hopper.*NVIDIA A100 has 8\.0"):
+        fa3.check(cuda_input())
+
+
 def test_auto_runs_fa2_where_it_builds(capable_machine, monkeypatch):
     monkeypatch.setattr(kernels, "_build", lambda head_dim: SimpleNamespace(head_dim=head_dim))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))  # no fa3 there
