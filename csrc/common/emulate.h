@@ -20,6 +20,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #define __global__
@@ -82,6 +83,7 @@ namespace legalpt::emu {
 
 struct Barrier {
   int expected = 0, arrived = 0, generation = 0;
+  bool async = false;  // an mbarrier's phases: completed by copies that another thread issues, never by arrivals
   void arrive();
 };
 
@@ -91,6 +93,19 @@ struct Copy {
   void* dst;
   const void* src;  // nullptr: zero-fill
   int bytes;
+};
+
+// An mbarrier of TMA copies (csrc/fa3/tma.cuh): armed with the bytes a phase expects, it completes that phase
+// (the copies land, the waiters wake) when its copies have issued them all. Until then their destinations hold
+// all-ones bytes, as cp.async's do.
+struct Mbarrier {
+  int phases = 0;                 // completed phases; waiting for parity p returns once phases % 2 != p
+  int expected = -1, issued = 0;  // bytes of the armed phase (-1: not armed) and of its copies so far
+  std::vector<Copy> pending;
+  Barrier gate{0, 0, 0, true};  // its generation counts completed phases: waiting fibers park on it
+  void expect(int bytes);
+  void copy(void* dst, const void* src);  // 16 bytes; src nullptr: zero-fill
+  void wait(int parity);
 };
 
 struct Fiber {
@@ -123,6 +138,7 @@ struct Block {
   std::vector<Barrier> group_barriers;  // one per warpgroup (128 threads): wgmma's exchange, bar.sync of 128
   std::vector<GroupScratch> group_scratch;
   Barrier block_barrier;
+  std::unordered_map<const void*, Mbarrier> mbarriers;  // by shared-memory address, for the running block
   int current = 0;
   long events = 0;  // barrier arrivals and threads finished: scheduling steps without any mean deadlock
   void (*body)(const void*) = nullptr;
@@ -158,6 +174,39 @@ inline void async_wait(int pending) {  // until at most `pending` of the thread'
   }
 }
 
+inline Mbarrier& mbarrier(const uint64_t* bar) { return block.mbarriers[bar]; }
+inline void Mbarrier::expect(int bytes) {
+  expected = bytes;
+  issued = 0;
+}
+inline void Mbarrier::copy(void* dst, const void* src) {
+  std::memset(dst, 0xFF, 16);
+  pending.push_back({dst, src, 16});
+  if ((issued += 16) != expected) return;
+  for (const Copy& c : pending) {
+    if (c.src != nullptr) {
+      std::memcpy(c.dst, c.src, c.bytes);
+    } else {
+      std::memset(c.dst, 0, c.bytes);
+    }
+  }
+  pending.clear();
+  expected = -1;
+  ++phases;
+  ++gate.generation;
+  ++block.events;
+}
+inline void Mbarrier::wait(int parity) {
+  Fiber& f = block.fibers[block.current];
+  if (phases % 2 == parity) ++block.events;  // parking is a step, as arriving at a barrier is
+  while (phases % 2 == parity) {
+    f.waiting_on = &gate;
+    f.wait_generation = gate.generation;
+    yield();
+  }
+  f.waiting_on = nullptr;
+}
+
 inline void Barrier::arrive() {
   ++block.events;
   const int gen = generation;
@@ -177,7 +226,7 @@ inline void Barrier::arrive() {
 // at a time, a warpgroup's barrier. A warp barrier completes within the warp's own turn, so it never parks.
 inline bool parked(const Fiber& f, bool warpgroups) {
   if (f.waiting_on == nullptr || f.waiting_on->generation != f.wait_generation) return false;
-  if (f.waiting_on == &block.block_barrier) return true;
+  if (f.waiting_on == &block.block_barrier || f.waiting_on->async) return true;
   const bool warp_barrier = f.waiting_on >= &block.warp_barriers.front() && f.waiting_on <= &block.warp_barriers.back();
   return !warp_barrier && !warpgroups;
 }
@@ -264,6 +313,7 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
       for (unsigned x = 0; x < grid.x; ++x) {
         blockIdx = dim3(x, y, z);
         block.block_barrier = Barrier{threads, 0, 0};
+        block.mbarriers.clear();
         for (int t = 0; t < threads; ++t) {
           Fiber& f = block.fibers[t];
           f.done = false;

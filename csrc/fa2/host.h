@@ -140,6 +140,17 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   });
 }
 
+#ifdef LEGALPT_WITH_FA3
+// The fa3 kernels' TMA map of a (B, S, H, D) or packed (total, H, D) input, in boxes of box_rows rows.
+inline fa3::TensorMap tensor_map(const at::Tensor& t, int box_rows) {
+  const bool packed = t.dim() == 3;
+  const int64_t rows = packed ? t.size(0) : t.size(1), batches = packed ? 1 : t.size(0);
+  const int64_t dims[4] = {t.size(-1), t.size(-2), rows, batches};
+  const int64_t strides[3] = {t.stride(-2), t.stride(-3), packed ? rows * t.stride(0) : t.stride(0)};
+  return fa3::make_tensor_map(t.data_ptr(), t.scalar_type() == at::kBFloat16, dims, strides, box_rows);
+}
+#endif
+
 // The backward: fa2's kernel, or with kFa3 the Hopper one (csrc/fa3) where the build has it; both over 128-key tiles.
 template <typename Launch, bool kFa3 = false>
 void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -173,7 +184,9 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
 #ifdef LEGALPT_WITH_FA3
       using Tr = fa3::BwdTraits<T, kHeadDim>;
       static_assert(Tr::kBlockN == kKeys, "split_dkv_kernel and the grid assume fa2's key tiles");
-      launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, p);
+      const fa3::BwdArgs args{p, tensor_map(q, Tr::kBlockM), tensor_map(dout, Tr::kBlockM),
+                              tensor_map(k, Tr::kBlockN), tensor_map(v, Tr::kBlockN)};
+      launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
 #endif
     } else {
       using Tr = BwdTraits<T, kHeadDim>;

@@ -17,6 +17,7 @@
 
 #include "../fa2/bwd.cuh"
 #include "fwd.cuh"
+#include "tma.cuh"
 
 namespace legalpt::fa3 {
 
@@ -31,9 +32,17 @@ struct BwdTraits {
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
   // dQ's split between the warpgroups, each 64 x 64 over all keys: D's halves (BM = 64), or the query rows' (BM = 128)
   static constexpr bool kDqByRows = kBlockM == 128;
-  // K, V; Q and dO twice; dS^T (BN, BM); logsumexp and delta twice; 1024 bytes to align to the swizzle's period
+  // K, V; Q and dO twice; dS^T (BN, BM); logsumexp and delta twice; 3 mbarriers; 1024 bytes to align to the
+  // swizzle's period
   static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + kBlockN * kBlockM * sizeof(T) +
-                               4 * kBlockM * sizeof(float) + 1024;
+                               4 * kBlockM * sizeof(float) + 3 * sizeof(uint64_t) + 1024;
+};
+
+// The backward's arguments: fa2's, and the tensor maps of its TMA copies (tma.cuh; boxes of kBlockM query rows,
+// kBlockN keys).
+struct BwdArgs {
+  Params p;
+  TensorMap q, dout, k, v;
 };
 
 // A warp's dS^T (16 keys from `key0` x BM queries, accumulators) as T into the swizzled (BN, BM) dS^T tile.
@@ -50,11 +59,12 @@ __device__ __forceinline__ void store_transposed(unsigned char* dst, const float
 }
 
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
-__global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
   static_assert(D == 64 || D == 128, "the fa3 backward is instantiated for head dims 64 and 128");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a and the CPU emulation
   using Tr = BwdTraits<T, D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
+  const Params& p = a.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* sK = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BN, D), swizzled
   unsigned char* sV = sK + Tr::kKeyTileBytes;                      // (BN, D)
@@ -63,6 +73,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   unsigned char* sdS = sdO0 + 2 * Tr::kQueryTileBytes;             // (BN, BM): dS^T
   float* sLse0 = reinterpret_cast<float*>(sdS + BN * BM * sizeof(T));  // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                     // 2 x (BM)
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);      // K and V's; a query tile's, per stage
 
   // The split key tiles come first, split_chunks blocks each (as in fa2::bwd_kernel); chunk -1 is a whole tile.
   const int split_blocks = p.split_tiles * p.split_chunks, b = blockIdx.y, hk = blockIdx.z;
@@ -74,20 +85,35 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
   const int key0 = 64 * wg + 16 * (threadIdx.x / 32 % 4);  // the warp's first key in the tile (+ lane / 4, + 8)
 
-  load_swizzled<T, BN, D, NT>(sK, fa2::row_ptr<const T>(p.k, b, doc.k_start, n_blk * BN, hk), p.k.row_stride,
-                              doc.lk - n_blk * BN);
-  load_swizzled<T, BN, D, NT>(sV, fa2::row_ptr<const T>(p.v, b, doc.k_start, n_blk * BN, hk), p.v.row_stride,
-                              doc.lk - n_blk * BN);
-  cp_async_commit();
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 3; ++i) mbar_init(bars + i);
+    mbar_fence_init();
+  }
+  __syncthreads();  // the barriers are initialized
+  const int batch = p.cu_seqlens_q == nullptr ? b : 0;  // the tensor maps' batch coordinate (one packed row: 0)
+  if (threadIdx.x == 0) {
+    mbar_expect(bars, 2 * Tr::kKeyTileBytes);
+#pragma unroll
+    for (int c = 0; c < D / 64; ++c) {
+      tma_load(sK + c * BN * 128, a.k, 64 * c, hk, doc.k_start + n_blk * BN, batch, bars);
+      tma_load(sV + c * BN * 128, a.v, 64 * c, hk, doc.k_start + n_blk * BN, batch, bars);
+    }
+  }
 
-  // Copies of one query tile of one head into stage `stage`: Q, dO, and its rows' logsumexp and delta.
+  // Copies of one query tile of one head into stage `stage`: Q and dO by TMA (rows past the document hold the next
+  // one's or zeros: the tile is partial, its mask zeroes their P), its rows' logsumexp and delta by cp.async.
   auto load_query_tile = [&](const fa2::BwdWork& w, int stage) {
     const int h = hk * p.kv_group + w.g, valid = doc.lq - w.tile * BM;
-    load_swizzled<T, BM, D, NT>(sQ0 + stage * Tr::kQueryTileBytes,
-                                fa2::row_ptr<const T>(p.q, b, doc.q_start, w.tile * BM, h), p.q.row_stride, valid);
-    load_swizzled<T, BM, D, NT>(sdO0 + stage * Tr::kQueryTileBytes,
-                                fa2::row_ptr<const T>(p.o, b, doc.q_start, w.tile * BM, h), p.o.row_stride, valid);
-    if (const int r = threadIdx.x; r < BM) {  // rows past the document read 0: the mask zeroes their P
+    if (threadIdx.x == 0) {
+      mbar_expect(bars + 1 + stage, 2 * Tr::kQueryTileBytes);
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        const int at = stage * Tr::kQueryTileBytes + c * BM * 128;
+        tma_load(sQ0 + at, a.q, 64 * c, h, doc.q_start + w.tile * BM, batch, bars + 1 + stage);
+        tma_load(sdO0 + at, a.dout, 64 * c, h, doc.q_start + w.tile * BM, batch, bars + 1 + stage);
+      }
+    }
+    if (const int r = threadIdx.x; r < BM) {
       const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + w.tile * BM + r;
       cp_async4(sLse0 + stage * BM + r, p.lse_log2 + at, r < valid);
       cp_async4(sDelta0 + stage * BM + r, p.delta + at, r < valid);
@@ -108,9 +134,11 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   fa2::BwdWork next = work;
   fa2::advance(p, next, b, hk, n_blk, chunk);
   if (work.g < p.kv_group) load_query_tile(work, 0);
-  for (int stage = 0; work.g < p.kv_group; stage ^= 1) {
+  mbar_wait(bars, 0);  // K and V
+  for (int it = 0; work.g < p.kv_group; ++it) {
+    const int stage = it % 2;
     cp_async_wait<0>();
-    fence_proxy_async();
+    mbar_wait(bars + 1 + stage, (it / 2) % 2);  // the stage's Q and dO; each stage's barrier completes every second tile
     __syncthreads();  // this stage has landed; every warpgroup is done with the other stage and dS^T
     if (next.g < p.kv_group) load_query_tile(next, stage ^ 1);
     const int h = hk * p.kv_group + work.g, m_blk = work.tile;

@@ -1,0 +1,120 @@
+// TMA (Hopper's tensor memory accelerator) for the fa3 kernels: a tensor map describes a (B, S, H, D) or packed
+// (total, H, D) tensor as 4-D {D, H, rows, batches}; one copy brings a box of (rows, 64) elements of one head into a
+// shared-memory panel in the 128-byte swizzle of wgmma.cuh, zero-filling rows past the tensor's end. Copies complete
+// on an mbarrier in shared memory, which counts their bytes: the consumers wait on its phase instead of a cp.async
+// group, and no proxy fence is needed (TMA writes through the async proxy that wgmma reads). Rows past a document's
+// end but inside the tensor (varlen) hold the next document's values, which the partial tiles' masks remove.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "wgmma.cuh"
+#ifndef LEGALPT_EMULATE
+#include <cudaTypedefs.h>
+#endif
+
+namespace legalpt::fa3 {
+
+#ifndef LEGALPT_EMULATE
+struct alignas(64) TensorMap {
+  uint64_t opaque[16];  // a CUtensorMap, filled on the host by cuTensorMapEncodeTiled (host.h)
+};
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {  // one arrival per phase: the thread that issues
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Makes the initialization visible to the async proxy (the copies' completions); a block barrier follows.
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// The issuing thread's arrival, and the bytes of the copies that must land before the phase completes.
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+// Until the phase of parity `phase` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int phase) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(phase)
+      : "memory");
+}
+// Rows [row, row + box rows) of head `head`, columns [col, col + 64), of batch `batch` into the panel at `dst`.
+__device__ __forceinline__ void tma_load(void* dst, const TensorMap& map, int col, int head, int row, int batch,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(smem_addr(dst)),
+      "l"(&map), "r"(col), "r"(head), "r"(row), "r"(batch), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// The map of a tensor of 2-byte elements as {D, heads, rows, batches} (strides in elements between heads, rows and
+// batches, D contiguous; all multiples of 8 and the start 16-byte aligned, as fa2.py's _kernel_layout makes them),
+// copied in boxes of (box_rows, 64) with the 128-byte swizzle. Throws where the driver refuses it.
+inline TensorMap make_tensor_map(const void* base, bool bf16, const int64_t (&dims)[4], const int64_t (&strides)[3],
+                                 int box_rows) {
+  static const auto encode = [] {  // through the runtime, so that the extension does not link libcuda
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                                     &found) == cudaSuccess &&
+                    found == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn) : nullptr;
+  }();
+  if (encode == nullptr) throw std::runtime_error("fa3: the CUDA driver has no cuTensorMapEncodeTiled (TMA)");
+  const cuuint64_t extent[4] = {static_cast<cuuint64_t>(dims[0]), static_cast<cuuint64_t>(dims[1]),
+                                static_cast<cuuint64_t>(dims[2]), static_cast<cuuint64_t>(dims[3])};
+  const cuuint64_t stride_bytes[3] = {static_cast<cuuint64_t>(2 * strides[0]), static_cast<cuuint64_t>(2 * strides[1]),
+                                      static_cast<cuuint64_t>(2 * strides[2])};
+  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(box_rows), 1}, unit[4] = {1, 1, 1, 1};
+  TensorMap map;
+  const CUresult status = encode(
+      reinterpret_cast<CUtensorMap*>(&map), bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      4, const_cast<void*>(base), extent, stride_bytes, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS) {
+    throw std::invalid_argument("fa3: cuTensorMapEncodeTiled refused a tensor (error " + std::to_string(status) +
+                                "): strides in elements " + std::to_string(strides[0]) + ", " +
+                                std::to_string(strides[1]) + ", " + std::to_string(strides[2]));
+  }
+  return map;
+}
+
+#else  // LEGALPT_EMULATE: the copy lands when the phase's bytes are all issued (csrc/common/emulate.h)
+struct alignas(64) TensorMap {
+  const unsigned char* base;
+  int64_t dims[4];     // D, H, rows, batches
+  int64_t strides[3];  // bytes between heads, rows, batches
+  int box_rows;
+  int element_bytes;
+};
+
+inline TensorMap make_tensor_map(const void* base, bool bf16, const int64_t (&dims)[4], const int64_t (&strides)[3],
+                                 int box_rows) {
+  (void)bf16;
+  return {static_cast<const unsigned char*>(base), {dims[0], dims[1], dims[2], dims[3]},
+          {2 * strides[0], 2 * strides[1], 2 * strides[2]}, box_rows, 2};
+}
+inline void mbar_init(uint64_t* bar) { emu::mbarrier(bar) = emu::Mbarrier{}; }
+inline void mbar_fence_init() {}
+inline void mbar_expect(uint64_t* bar, int bytes) { emu::mbarrier(bar).expect(bytes); }
+inline void mbar_wait(uint64_t* bar, int phase) { emu::mbarrier(bar).wait(phase); }
+inline void tma_load(void* dst, const TensorMap& map, int col, int head, int row, int batch, uint64_t* bar) {
+  unsigned char* out = static_cast<unsigned char*>(dst);
+  const int line = 64 * map.element_bytes;  // 128 bytes
+  for (int r = 0; r < map.box_rows; ++r) {
+    const bool inside = row + r < map.dims[2] && head < map.dims[1] && batch < map.dims[3];
+    const unsigned char* from = map.base + batch * map.strides[2] + (row + r) * map.strides[1] + head * map.strides[0] +
+                                col * map.element_bytes;
+    for (int c = 0; c < line / 16; ++c) {
+      const bool columns = col + 8 * c < map.dims[0];
+      emu::mbarrier(bar).copy(out + swizzled<64>(r, c), inside && columns ? from + 16 * c : nullptr);
+    }
+  }
+}
+#endif
+
+}  // namespace legalpt::fa3
