@@ -106,6 +106,17 @@ inline int documents(const at::Tensor& q, const std::optional<at::Tensor>& cu_q)
   return static_cast<int>(cu_q.has_value() ? cu_q->size(0) - 1 : q.size(0));
 }
 
+#ifdef LEGALPT_WITH_FA3
+// The fa3 kernels' TMA map of a (B, S, H, D) or packed (total, H, D) input, in boxes of box_rows rows.
+inline fa3::TensorMap tensor_map(const at::Tensor& t, int box_rows) {
+  const bool packed = t.dim() == 3;
+  const int64_t rows = packed ? t.size(0) : t.size(1), batches = packed ? 1 : t.size(0);
+  const int64_t dims[4] = {t.size(-1), t.size(-2), rows, batches};
+  const int64_t strides[3] = {t.stride(-2), t.stride(-3), packed ? rows * t.stride(0) : t.stride(0)};
+  return fa3::make_tensor_map(t.data_ptr(), t.scalar_type() == at::kBFloat16, dims, strides, box_rows);
+}
+#endif
+
 // The forward: fa2's kernels (mma.sync, sm80+), or with kFa3 the Hopper ones (csrc/fa3, wgmma, sm90a) where the
 // build has them for this head dim (kHasFa3).
 #ifdef LEGALPT_WITH_FA3
@@ -130,7 +141,8 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
 #ifdef LEGALPT_WITH_FA3
       using Tr = fa3::FwdTraits<T, kHeadDim>;
       const dim3 grid((max_q + Tr::kBlockM - 1) / Tr::kBlockM, documents(q, cu_q), p.heads);
-      launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, p);
+      const fa3::FwdArgs args{p, tensor_map(q, Tr::kBlockM), tensor_map(k, Tr::kBlockN), tensor_map(v, Tr::kBlockN)};
+      launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
 #endif
     } else {
       using Tr = FwdTraits<T, kHeadDim>;
@@ -139,17 +151,6 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
     }
   });
 }
-
-#ifdef LEGALPT_WITH_FA3
-// The fa3 kernels' TMA map of a (B, S, H, D) or packed (total, H, D) input, in boxes of box_rows rows.
-inline fa3::TensorMap tensor_map(const at::Tensor& t, int box_rows) {
-  const bool packed = t.dim() == 3;
-  const int64_t rows = packed ? t.size(0) : t.size(1), batches = packed ? 1 : t.size(0);
-  const int64_t dims[4] = {t.size(-1), t.size(-2), rows, batches};
-  const int64_t strides[3] = {t.stride(-2), t.stride(-3), packed ? rows * t.stride(0) : t.stride(0)};
-  return fa3::make_tensor_map(t.data_ptr(), t.scalar_type() == at::kBFloat16, dims, strides, box_rows);
-}
-#endif
 
 // The backward: fa2's kernel, or with kFa3 the Hopper one (csrc/fa3) where the build has it; both over 128-key tiles.
 template <typename Launch, bool kFa3 = false>

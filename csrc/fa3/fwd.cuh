@@ -6,11 +6,12 @@
 // visited tiles and the output are the FA2 forward's (csrc/fa2/fwd.cuh), and so is the online softmax, reordered
 // around the wait for P V (its max and P first, O's rescale after).
 //
-// Copies are cp.async from all threads (no TMA or producer warp yet): K(t+1) and V(t) load while tile t computes,
-// into two buffers each, and one barrier per tile makes them visible.
+// Copies are TMA (tma.cuh) issued by one thread (no producer warp yet): K(t+1) and V(t) load while tile t computes,
+// into two buffers each, on one mbarrier per buffer pair; one block barrier per tile frees the buffers.
 #pragma once
 
 #include "../fa2/fwd.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace legalpt::fa3 {
@@ -27,8 +28,14 @@ struct FwdTraits {
   static constexpr int kBlockN = 128;
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kTileBytes = kBlockN * D * sizeof(T);  // one K or V tile
-  // Q, then K and V twice each; 1024 bytes of slack to align the tiles to the swizzle's period
-  static constexpr int kSmem = kBlockM * D * sizeof(T) + 4 * kTileBytes + 1024;
+  // Q, then K and V twice each; 3 mbarriers; 1024 bytes of slack to align the tiles to the swizzle's period
+  static constexpr int kSmem = kBlockM * D * sizeof(T) + 4 * kTileBytes + 3 * sizeof(uint64_t) + 1024;
+};
+
+// The forward's arguments: fa2's, and the tensor maps of its TMA copies (boxes of 128 rows).
+struct FwdArgs {
+  Params p;
+  TensorMap q, k, v;
 };
 
 // Tile t's scores s (a warpgroup's 64 rows x BN keys, raw) to P, as in the FA2 forward: the element rule, the new
@@ -67,15 +74,18 @@ __device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 
 
 // kGeneral: as in the FA2 forward (softcap, dilation, block layout, scales <= 0).
 template <typename T, int D, bool kGeneral>
-__global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdArgs a) {
   static_assert(D == 64 || D == 128, "the fa3 forward is instantiated for head dims 64 and 128");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a and the CPU emulation
   using Tr = FwdTraits<T, D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
+  static_assert(BM == BN, "Q, K and V share the tensor maps' box of 128 rows");
+  const Params& p = a.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* sQ = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BM, D), swizzled
   unsigned char* sK = sQ + BM * D * sizeof(T);                    // 2 x (BN, D)
   unsigned char* sV = sK + 2 * Tr::kTileBytes;                    // 2 x (BN, D)
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sV + 2 * Tr::kTileBytes);  // Q and K(0)'s; then per buffer pair
 
   const int m_blk = gridDim.x - 1 - blockIdx.x;  // the last query tiles see the most keys under causal: start them first
   const int b = blockIdx.y, h = blockIdx.z, hk = h / p.kv_group;
@@ -85,15 +95,22 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   const int i0 = m_blk * BM + 64 * wg + 16 * (threadIdx.x / 32 % 4) + lane / 4;  // the thread's rows: i0, i0 + 8
   const Visits vis = fa2::visits(p.schedule, b, h, m_blk);
 
-  const T* k = fa2::row_ptr<const T>(p.k, b, doc.k_start, 0, hk);
-  const T* v = fa2::row_ptr<const T>(p.v, b, doc.k_start, 0, hk);
-  load_swizzled<T, BM, D, NT>(sQ, fa2::row_ptr<const T>(p.q, b, doc.q_start, m_blk * BM, h), p.q.row_stride,
-                              doc.lq - m_blk * BM);
-  if (vis.count > 0) {
-    const int n0 = vis.tiles[0] * BN;
-    load_swizzled<T, BN, D, NT>(sK, k + n0 * p.k.row_stride, p.k.row_stride, doc.lk - n0);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 3; ++i) mbar_init(bars + i);
+    mbar_fence_init();
   }
-  cp_async_commit();
+  __syncthreads();  // the barriers are initialized
+  // A tile of `map`'s rows from `row` of this document into the swizzled (128, D) tile at `dst`, on `bar`
+  const int batch = p.cu_seqlens_q == nullptr ? b : 0;  // the tensor maps' batch coordinate (one packed row: 0)
+  const auto load = [&](unsigned char* dst, const TensorMap& map, int head, int row, uint64_t* bar) {
+#pragma unroll
+    for (int c = 0; c < D / 64; ++c) tma_load(dst + c * BN * 128, map, 64 * c, head, row, batch, bar);
+  };
+  if (threadIdx.x == 0 && vis.count > 0) {  // without a visited key tile the output is written from no copy
+    mbar_expect(bars, BM * D * sizeof(T) + Tr::kTileBytes);
+    load(sQ, a.q, h, doc.q_start + m_blk * BM, bars);
+    load(sK, a.k, hk, doc.k_start + vis.tiles[0] * BN, bars);
+  }
 
   // The warpgroup's 64 rows of Q (each panel holds BM rows), and the first K and V tiles
   const uint64_t q_desc = descriptor(smem_addr(sQ) + 64 * wg * 128);
@@ -104,22 +121,22 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   uint32_t pa[BN / 16][4];  // P of the latest tile, as A fragments
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // log2 domain; row_sum: this thread's part
   float s[BN / 8][4];
-  // Copies of tile t: K(t+1) and V(t), issued once K(t) and V(t-1) have landed and every warpgroup is done with the
-  // buffers they overwrite (S(t-1) and P V(t-2) have been waited for before the barrier)
+  // Copies of tile t: K(t+1) and V(t), on barrier 1 + t % 2, issued once K(t) and V(t-1) have landed (the copies
+  // of tile t-1, or Q and K(0)) and every warpgroup is done with the buffers they overwrite (S(t-1) and P V(t-2)
+  // have been waited for before the block barrier)
   const auto next_copies = [&](int t) {
-    cp_async_wait<0>();
-    fence_proxy_async();
+    if (t == 0) {
+      mbar_wait(bars, 0);
+    } else {
+      mbar_wait(bars + 1 + (t - 1) % 2, (t - 1) / 2 % 2);
+    }
     __syncthreads();
-    if (t + 1 < vis.count) {
-      const int n1 = vis.tiles[t + 1] * BN;
-      load_swizzled<T, BN, D, NT>(sK + (t + 1) % 2 * Tr::kTileBytes, k + n1 * p.k.row_stride, p.k.row_stride,
-                                  doc.lk - n1);
+    if (threadIdx.x == 0 && t < vis.count) {
+      const bool k_next = t + 1 < vis.count;
+      mbar_expect(bars + 1 + t % 2, (k_next ? 2 : 1) * Tr::kTileBytes);
+      if (k_next) load(sK + (t + 1) % 2 * Tr::kTileBytes, a.k, hk, doc.k_start + vis.tiles[t + 1] * BN, bars + 1 + t % 2);
+      load(sV + t % 2 * Tr::kTileBytes, a.v, hk, doc.k_start + vis.tiles[t] * BN, bars + 1 + t % 2);
     }
-    if (t < vis.count) {
-      const int n0 = vis.tiles[t] * BN;
-      load_swizzled<T, BN, D, NT>(sV + t % 2 * Tr::kTileBytes, v + n0 * p.v.row_stride, p.v.row_stride, doc.lk - n0);
-    }
-    cp_async_commit();
   };
   const auto issue_s = [&](int t) {  // S = Q K(t)^T; 16 columns of D are 32 bytes of a line, 64 columns a panel
 #pragma unroll
@@ -162,7 +179,6 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     pin<D / 8>(o);
   }
 
-  cp_async_wait<0>();  // Q's copy, when no key tile was visited
   fa2::write_rows<T, D>(p, o, row_max, row_sum, i0, doc, b, h);
 #elif defined(__CUDA_ARCH__)
   __trap();  // another target's code: fa3.check never launches it there, and it must not pass silently
