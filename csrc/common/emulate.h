@@ -95,13 +95,14 @@ struct Copy {
   int bytes;
 };
 
-// An mbarrier of TMA copies (csrc/fa3/tma.cuh): armed with the bytes a phase expects, it completes that phase
-// (the copies land, the waiters wake) when its copies have issued them all. Until then their destinations hold
-// all-ones bytes, as cp.async's do.
+// An mbarrier of TMA copies (csrc/fa3/tma.cuh): armed with the bytes a phase expects, it completes that phase (the
+// waiters wake) when its copies have issued them all. The copies land when a thread's wait for the phase returns;
+// until then their destinations hold all-ones bytes, as cp.async's do, so that a read without the wait sees NaN.
 struct Mbarrier {
   int phases = 0;                 // completed phases; waiting for parity p returns once phases % 2 != p
   int expected = -1, issued = 0;  // bytes of the armed phase (-1: not armed) and of its copies so far
-  std::vector<Copy> pending;
+  std::vector<Copy> pending;      // copies of the armed phase
+  std::vector<Copy> landing;      // of completed phases, until a wait lands them
   Barrier gate{0, 0, 0, true};  // its generation counts completed phases: waiting fibers park on it
   void expect(int bytes);
   void copy(void* dst, const void* src);  // 16 bytes; src nullptr: zero-fill
@@ -183,13 +184,7 @@ inline void Mbarrier::copy(void* dst, const void* src) {
   std::memset(dst, 0xFF, 16);
   pending.push_back({dst, src, 16});
   if ((issued += 16) != expected) return;
-  for (const Copy& c : pending) {
-    if (c.src != nullptr) {
-      std::memcpy(c.dst, c.src, c.bytes);
-    } else {
-      std::memset(c.dst, 0, c.bytes);
-    }
-  }
+  landing.insert(landing.end(), pending.begin(), pending.end());
   pending.clear();
   expected = -1;
   ++phases;
@@ -205,6 +200,14 @@ inline void Mbarrier::wait(int parity) {
     yield();
   }
   f.waiting_on = nullptr;
+  for (const Copy& c : landing) {
+    if (c.src != nullptr) {
+      std::memcpy(c.dst, c.src, c.bytes);
+    } else {
+      std::memset(c.dst, 0, c.bytes);
+    }
+  }
+  landing.clear();
 }
 
 inline void Barrier::arrive() {
