@@ -601,7 +601,9 @@ __global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const _
 }
 
 // The backward's preprocessing: per (query row, head), delta = rowsum(dO * O) - dlse and the log2-domain
-// logsumexp the kernels subtract (+inf where the row sees no key). One warp per row and head, float32 sums.
+// logsumexp the kernels subtract (+inf where the row sees no key). `group` lanes per row and head (a power of two
+// <= 32), float32 sums. With kVec = 8 each lane reads 16-byte chunks, so a row of up to 256 elements takes one
+// round trip to memory (a loop of 2-byte reads made this pass latency-bound); kVec = 1 serves unaligned rows.
 struct PrepArgs {
   Tensor4 out, dout;         // the forward's output and its gradient (unpadded head dim)
   const float* lse;          // (B, H, Sq) or (H, total_q)
@@ -611,24 +613,37 @@ struct PrepArgs {
   int64_t lse_batch_stride, lse_head_stride;
   int seqlen_q;              // rows per batch row; 0 for a packed varlen axis
   int rows, heads, head_dim; // rows: B * Sq or total_q
+  int group;                 // lanes per (row, head)
 };
 
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 
-template <typename T>
+template <typename T, int N>
+struct alignas(N * sizeof(T)) Chunk {  // N elements read as one load
+  T x[N];
+};
+
+template <typename T, int kVec>
 __global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (w >= static_cast<int64_t>(a.rows) * a.heads) return;
-  const int lane = threadIdx.x % 32, row = static_cast<int>(w / a.heads), h = static_cast<int>(w % a.heads);
+  const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / a.group;
+  const int member = threadIdx.x % a.group;
+  const bool valid = pair < static_cast<int64_t>(a.rows) * a.heads;  // a warp's lanes all reach the shuffles
+  const int row = static_cast<int>(pair / a.heads), h = static_cast<int>(pair % a.heads);
   const int b = a.seqlen_q > 0 ? row / a.seqlen_q : 0, i = a.seqlen_q > 0 ? row % a.seqlen_q : row;
-  const T* o = row_ptr<const T>(a.out, b, 0, i, h);
-  const T* d = row_ptr<const T>(a.dout, b, 0, i, h);
   float sum = 0.f;
-  for (int c = lane; c < a.head_dim; c += 32) sum += to_float(o[c]) * to_float(d[c]);
+  if (valid) {
+    const T* o = row_ptr<const T>(a.out, b, 0, i, h);
+    const T* d = row_ptr<const T>(a.dout, b, 0, i, h);
+    for (int c = member * kVec; c < a.head_dim; c += a.group * kVec) {
+      const Chunk<T, kVec> x = *reinterpret_cast<const Chunk<T, kVec>*>(o + c);
+      const Chunk<T, kVec> y = *reinterpret_cast<const Chunk<T, kVec>*>(d + c);
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
-  if (lane == 0) {
+      for (int e = 0; e < kVec; ++e) sum += to_float(x.x[e]) * to_float(y.x[e]);
+    }
+  }
+  for (int offset = a.group / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+  if (valid && member == 0) {
     const int64_t at = b * a.lse_batch_stride + h * a.lse_head_stride + i;
     const float lse = a.lse[at];
     a.lse_log2[at] = lse == -INFINITY ? INFINITY : lse * kLog2e;

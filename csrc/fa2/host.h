@@ -232,14 +232,31 @@ void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& ls
   a.rows = static_cast<int>(packed ? out.size(0) : out.size(0) * out.size(1));
   a.heads = static_cast<int>(out.size(-2));
   a.head_dim = static_cast<int>(out.size(-1));
-  constexpr int kWarps = 8;
-  const int64_t blocks = (static_cast<int64_t>(a.rows) * a.heads + kWarps - 1) / kWarps;
+  // 16-byte reads where every row starts 16-byte aligned and holds whole chunks of 8
+  const auto aligned = [](const at::Tensor& t) {
+    bool ok = t.size(-1) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+    for (int d = 0; d < t.dim() - 1; ++d) ok = ok && (t.size(d) == 1 || t.stride(d) % 8 == 0);
+    return ok;
+  };
+  const bool vec = aligned(out) && aligned(dout);
+  a.group = 32;
+  while (vec && a.group > 1 && a.group / 2 * 8 >= a.head_dim) a.group /= 2;  // the fewest lanes for one chunk each
+  constexpr int kThreads = 256;
+  const int64_t blocks = (static_cast<int64_t>(a.rows) * a.heads * a.group + kThreads - 1) / kThreads;
   if (blocks == 0) return;
   const dim3 grid(static_cast<unsigned>(blocks));
+  const auto run = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (vec) {
+      launch(bwd_prep_kernel<T, 8>, grid, kThreads, 0, a);
+    } else {
+      launch(bwd_prep_kernel<T, 1>, grid, kThreads, 0, a);
+    }
+  };
   if (out.scalar_type() == at::kBFloat16) {
-    launch(bwd_prep_kernel<__nv_bfloat16>, grid, kWarps * 32, 0, a);
+    run(Tag<__nv_bfloat16>{});
   } else {
-    launch(bwd_prep_kernel<__half>, grid, kWarps * 32, 0, a);
+    run(Tag<__half>{});
   }
 }
 

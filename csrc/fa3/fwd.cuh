@@ -7,7 +7,9 @@
 // around the wait for P V (its max and P first, O's rescale after).
 //
 // Copies are TMA (tma.cuh) issued by one thread (no producer warp yet): K(t+1) and V(t) load while tile t computes,
-// into two buffers each, on one mbarrier per buffer pair; one block barrier per tile frees the buffers.
+// into two buffers each, on one mbarrier per buffer pair; one block barrier per tile frees the buffers. Tile 0's
+// copies go out with Q's and K(0)'s, so that a short visit list (a sliding window's 9 tiles) starts with them all
+// in flight.
 #pragma once
 
 #include "../fa2/fwd.cuh"
@@ -106,10 +108,18 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
 #pragma unroll
     for (int c = 0; c < D / 64; ++c) tma_load(dst + c * BN * 128, map, 64 * c, head, row, batch, bar);
   };
+  // Copies of tile t: K(t+1) and V(t), on barrier 1 + t % 2 into the buffers (t+1) % 2 and t % 2
+  const auto issue_copies = [&](int t) {
+    const bool k_next = t + 1 < vis.count;
+    mbar_expect(bars + 1 + t % 2, (k_next ? 2 : 1) * Tr::kTileBytes);
+    if (k_next) load(sK + (t + 1) % 2 * Tr::kTileBytes, a.k, hk, doc.k_start + vis.tiles[t + 1] * BN, bars + 1 + t % 2);
+    load(sV + t % 2 * Tr::kTileBytes, a.v, hk, doc.k_start + vis.tiles[t] * BN, bars + 1 + t % 2);
+  };
   if (threadIdx.x == 0 && vis.count > 0) {  // without a visited key tile the output is written from no copy
     mbar_expect(bars, BM * D * sizeof(T) + Tr::kTileBytes);
     load(sQ, a.q, h, doc.q_start + m_blk * BM, bars);
     load(sK, a.k, hk, doc.k_start + vis.tiles[0] * BN, bars);
+    issue_copies(0);  // every buffer is free: tile 0's copies fly beside Q's and K(0)'s
   }
 
   // The warpgroup's 64 rows of Q (each panel holds BM rows), and the first K and V tiles
@@ -121,22 +131,13 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   uint32_t pa[BN / 16][4];  // P of the latest tile, as A fragments
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // log2 domain; row_sum: this thread's part
   float s[BN / 8][4];
-  // Copies of tile t: K(t+1) and V(t), on barrier 1 + t % 2, issued once K(t) and V(t-1) have landed (the copies
-  // of tile t-1, or Q and K(0)) and every warpgroup is done with the buffers they overwrite (S(t-1) and P V(t-2)
-  // have been waited for before the block barrier)
+  // Before tile t (t >= 1): wait for K(t) and V(t-1) (the copies of tile t-1), then issue tile t's once every
+  // warpgroup is done with the buffers they overwrite (S(t-1) and P V(t-2) have been waited for before the block
+  // barrier)
   const auto next_copies = [&](int t) {
-    if (t == 0) {
-      mbar_wait(bars, 0);
-    } else {
-      mbar_wait(bars + 1 + (t - 1) % 2, (t - 1) / 2 % 2);
-    }
+    mbar_wait(bars + 1 + (t - 1) % 2, (t - 1) / 2 % 2);
     __syncthreads();
-    if (threadIdx.x == 0 && t < vis.count) {
-      const bool k_next = t + 1 < vis.count;
-      mbar_expect(bars + 1 + t % 2, (k_next ? 2 : 1) * Tr::kTileBytes);
-      if (k_next) load(sK + (t + 1) % 2 * Tr::kTileBytes, a.k, hk, doc.k_start + vis.tiles[t + 1] * BN, bars + 1 + t % 2);
-      load(sV + t % 2 * Tr::kTileBytes, a.v, hk, doc.k_start + vis.tiles[t] * BN, bars + 1 + t % 2);
-    }
+    if (threadIdx.x == 0 && t < vis.count) issue_copies(t);
   };
   const auto issue_s = [&](int t) {  // S = Q K(t)^T; 16 columns of D are 32 bytes of a line, 64 columns a panel
 #pragma unroll
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   };
 
   if (vis.count > 0) {
-    next_copies(0);
+    mbar_wait(bars, 0);  // Q and K(0)
     wgmma_fence();
     issue_s(0);
     wgmma_wait<0>();
