@@ -123,6 +123,15 @@ def plan(scale: Scale, quick: bool) -> list[Shape]:
     return shapes
 
 
+def selected(shapes: list[Shape], masks: list[str] | None, head_dims: list[int] | None) -> list[Shape]:
+    """The shapes with the given masks and head dims (all where None), in the order given: head dim first, then
+    mask, the plan's order within. A run cut off by a time limit has then measured what was listed first."""
+    kept = [s for s in shapes if s.mask in (masks or [s.mask]) and s.head_dim in (head_dims or [s.head_dim])]
+    return sorted(
+        kept, key=lambda s: (head_dims.index(s.head_dim) if head_dims else 0, masks.index(s.mask) if masks else 0)
+    )
+
+
 def _dense(scale: Scale, head_dim: int, seqlen: int, causal: bool) -> Shape:
     heads = scale.hidden // head_dim
     return Shape("sweep", "causal" if causal else "dense", head_dim, heads, scale.tokens // seqlen, seqlen, causal)
@@ -510,10 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     # FlexAttention and create_block_mask compile once per shape (dynamic=False); the default limit of 8 would send
     # later shapes to the unfused, O(N^2) fallback
     torch._dynamo.config.recompile_limit = 512
-    shapes = plan(CPU_SCALE if device.type == "cpu" else GPU_SCALE, args.quick)
-    shapes = [
-        s for s in shapes if s.mask in (args.masks or [s.mask]) and s.head_dim in (args.head_dims or [s.head_dim])
-    ]
+    shapes = selected(plan(CPU_SCALE if device.type == "cpu" else GPU_SCALE, args.quick), args.masks, args.head_dims)
     if not shapes:
         raise SystemExit(f"--masks {args.masks} --head-dims {args.head_dims}: no shape matches")
     if device.type == "cpu":

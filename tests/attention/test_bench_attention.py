@@ -46,3 +46,16 @@ def test_a_run_cut_off_keeps_the_shapes_it_measured(bench, tmp_path, monkeypatch
     record = _record(tmp_path)
     assert not record["header"]["complete"]
     assert {r["seqlen_q"] for r in record["rows"]} == {bench.CPU_SCALE.seqlens[0]}
+
+
+def test_shapes_run_in_the_order_given(bench):
+    shapes = bench.selected(bench.plan(bench.GPU_SCALE, quick=False), ["window-1024", "dense"], [128, 64])
+    order = list(dict.fromkeys((s.head_dim, s.mask) for s in shapes))
+    assert order == [(128, "window-1024"), (128, "dense"), (64, "window-1024"), (64, "dense")]
+    seqlens = [s.seqlen for s in shapes if (s.head_dim, s.mask) == (128, "dense")]
+    assert seqlens == sorted(seqlens)  # the plan's order within
+
+
+def test_all_shapes_without_a_selection(bench):
+    shapes = bench.plan(bench.GPU_SCALE, quick=False)
+    assert bench.selected(shapes, None, None) == shapes
