@@ -10,9 +10,10 @@
 // Each warpgroup computes a 64 x 64 part of dQ over all 128 keys (both warpgroups' dS^T: one barrier): its half of
 // D at D = 128, its half of the rows at D = 64. The order keeps the tensor cores fed: P^T once S^T is done (dP^T
 // still running), dV's MMAs issued, dS^T beside them, then dQ's MMAs before dK's, so that dQ's atomics run beside
-// dK's (the general kernels, whose softcap needs the raw score beside dP^T, wait for both first). Copies are
-// cp.async from all threads: the next query tile's Q, dO, logsumexp and delta load while this one computes, into a
-// second stage.
+// dK's (the general kernels, whose softcap needs the raw score beside dP^T, wait for both first). Copies: K, V, Q
+// and dO by TMA (tma.cuh) issued by one thread, on one mbarrier for K and V and one per query stage; logsumexp and
+// delta by cp.async (threads read them, not wgmma). The next query tile's copies fly while this one computes, into
+// a second stage.
 #pragma once
 
 #include "../fa2/bwd.cuh"

@@ -28,23 +28,6 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
   return (chunk / 8) * ROWS * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) << 4);
 }
 
-// ROWS x D elements from global memory (row stride `stride`) into a swizzled tile at `dst`; rows at or past `valid`
-// are zero-filled. Each thread copies one 16-byte chunk of every THREADS / (D / 8)-th row (fa2::load_tile says why
-// with a single walking pointer).
-template <typename T, int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_swizzled(unsigned char* dst, const T* src, int64_t stride, int valid) {
-  constexpr int kChunks = D / 8, kRowsPerPass = THREADS / kChunks;
-  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 8 == 0);
-  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
-  const T* from = src + r * stride + c * 8;
-  unsigned char* to = dst + swizzled<ROWS>(r, c);  // rows r + kRowsPerPass * it share r's swizzle (r % 8)
-#pragma unroll
-  for (int it = 0; it < ROWS / kRowsPerPass; ++it) {
-    cp_async16(to + it * kRowsPerPass * 128, from, r + it * kRowsPerPass < valid);
-    from += kRowsPerPass * stride;
-  }
-}
-
 // P (64 x 128 keys of a warpgroup, float accumulators) as the A fragments of O += P V, one per 16 keys.
 template <typename T, int BN>
 __device__ __forceinline__ void to_fragments(const float (&s)[BN / 8][4], uint32_t (&a)[BN / 16][4]) {
@@ -73,7 +56,8 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// Shared memory written through the generic proxy (cp.async, st.shared) made visible to wgmma's async proxy.
+// Shared memory written through the generic proxy (st.shared: the backward's dS^T) made visible to wgmma's async
+// proxy. TMA writes through the async proxy itself and needs no fence.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // A barrier of this thread's warpgroup alone (named barrier 1 + warpgroup; 0 is __syncthreads').
 __device__ __forceinline__ void warpgroup_sync() { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + threadIdx.x / 128)); }
