@@ -107,12 +107,16 @@ inline int documents(const at::Tensor& q, const std::optional<at::Tensor>& cu_q)
 }
 
 #ifdef LEGALPT_WITH_FA3
-// The fa3 kernels' TMA map of a (B, S, H, D) or packed (total, H, D) input, in boxes of box_rows rows.
+// The fa3 kernels' TMA map of a (B, S, H, D) or packed (total, H, D) input, in boxes of box_rows rows. A size-1
+// dimension's stride is never used to address, and PyTorch leaves it arbitrary even in a contiguous tensor; TMA
+// wants every stride a multiple of 16 bytes, so it gets the extent of the dimensions inside it.
 inline fa3::TensorMap tensor_map(const at::Tensor& t, int box_rows) {
   const bool packed = t.dim() == 3;
   const int64_t rows = packed ? t.size(0) : t.size(1), batches = packed ? 1 : t.size(0);
   const int64_t dims[4] = {t.size(-1), t.size(-2), rows, batches};
-  const int64_t strides[3] = {t.stride(-2), t.stride(-3), packed ? rows * t.stride(0) : t.stride(0)};
+  int64_t strides[3] = {t.stride(-2), t.stride(-3), packed ? 0 : t.stride(0)};  // heads, rows, batches
+  for (int d = 0; d < 3; ++d)
+    if (dims[d + 1] == 1) strides[d] = d == 0 ? dims[0] : dims[d] * strides[d - 1];
   return fa3::make_tensor_map(t.data_ptr(), t.scalar_type() == at::kBFloat16, dims, strides, box_rows);
 }
 #endif

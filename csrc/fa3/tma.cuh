@@ -52,16 +52,21 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap& map, int co
 }
 
 // The map of a tensor of 2-byte elements as {D, heads, rows, batches} (strides in elements between heads, rows and
-// batches, D contiguous; all multiples of 8 and the start 16-byte aligned, as fa2.py's _kernel_layout makes them),
-// copied in boxes of (box_rows, 64) with the 128-byte swizzle. Throws where the driver refuses it.
+// batches, D contiguous; all multiples of 8 and the start 16-byte aligned, as fa2.py's _kernel_layout and host.h's
+// tensor_map make them), copied in boxes of (box_rows, 64) with the 128-byte swizzle. Throws where the driver
+// refuses it.
 inline TensorMap make_tensor_map(const void* base, bool bf16, const int64_t (&dims)[4], const int64_t (&strides)[3],
                                  int box_rows) {
   static const auto encode = [] {  // through the runtime, so that the extension does not link libcuda
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                                     &found) == cudaSuccess &&
-                    found == cudaDriverEntryPointSuccess;
+#if CUDART_VERSION >= 12050
+    const cudaError_t status =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+#else  // the versioned query is CUDA 12.5's; CUDA 13 keeps only it
+    const cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    const bool ok = status == cudaSuccess && found == cudaDriverEntryPointSuccess;
     return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn) : nullptr;
   }();
   if (encode == nullptr) throw std::runtime_error("fa3: the CUDA driver has no cuTensorMapEncodeTiled (TMA)");
@@ -83,7 +88,7 @@ inline TensorMap make_tensor_map(const void* base, bool bf16, const int64_t (&di
   return map;
 }
 
-#else  // LEGALPT_EMULATE: the copy lands when the phase's bytes are all issued (csrc/common/emulate.h)
+#else  // LEGALPT_EMULATE: a copy lands when a wait for its phase returns (csrc/common/emulate.h)
 struct alignas(64) TensorMap {
   const unsigned char* base;
   int64_t dims[4];     // D, H, rows, batches
@@ -95,6 +100,14 @@ struct alignas(64) TensorMap {
 inline TensorMap make_tensor_map(const void* base, bool bf16, const int64_t (&dims)[4], const int64_t (&strides)[3],
                                  int box_rows) {
   (void)bf16;
+  // cuTensorMapEncodeTiled's rules on the address and strides, so that the CPU tests see what the driver refuses
+  bool ok = reinterpret_cast<uintptr_t>(base) % 16 == 0;
+  for (int d = 0; d < 3; ++d) ok = ok && (2 * strides[d]) % 16 == 0;
+  if (!ok) {
+    throw std::invalid_argument("fa3: cuTensorMapEncodeTiled refuses a tensor whose start or strides (elements " +
+                                std::to_string(strides[0]) + ", " + std::to_string(strides[1]) + ", " +
+                                std::to_string(strides[2]) + ") are not multiples of 16 bytes");
+  }
   return {static_cast<const unsigned char*>(base), {dims[0], dims[1], dims[2], dims[3]},
           {2 * strides[0], 2 * strides[1], 2 * strides[2]}, box_rows, 2};
 }

@@ -167,6 +167,17 @@ def test_emulated_rescale_when_the_max_moves(
     _check(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), kw, backend=backend)
 
 
+def test_emulated_fa3_size_one_dimensions_with_any_stride(rng):
+    """A batch of one and a single head whose strides are not multiples of 16 bytes: PyTorch calls such tensors
+    contiguous and keeps the strides, which TMA's tensor maps refuse (host.h's tensor_map replaces them)."""
+    q, k, v = (
+        torch.randn(70 * 64, dtype=torch.bfloat16).as_strided((1, 70, 1, 64), (3, 64, 5, 1)).requires_grad_()
+        for _ in range(3)
+    )
+    assert q.is_contiguous()
+    _check(q, k, v, {"causal": True}, backend="fa3")
+
+
 def test_emulated_varlen_with_an_empty_document(rng):
     lens_q, lens_k = [70, 1, 0, 130], [90, 1, 40, 130]
     cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (lens_q, lens_k))
