@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #define __global__
@@ -142,6 +143,7 @@ struct Block {
   std::unordered_map<const void*, Mbarrier> mbarriers;  // by shared-memory address, for the running block
   int current = 0;
   long events = 0;  // barrier arrivals and threads finished: scheduling steps without any mean deadlock
+  const char* fault = nullptr;  // a misuse that a fiber found; the scheduler raises it
   void (*body)(const void*) = nullptr;
   const void* args = nullptr;
 };
@@ -177,6 +179,10 @@ inline void async_wait(int pending) {  // until at most `pending` of the thread'
 
 inline Mbarrier& mbarrier(const uint64_t* bar) { return block.mbarriers[bar]; }
 inline void Mbarrier::expect(int bytes) {
+  while (expected != -1) {  // the hardware would fold both into one phase: a kernel bug, raised by the scheduler
+    block.fault = "emulated kernel armed an mbarrier again before its phase completed";
+    yield();
+  }
   expected = bytes;
   issued = 0;
 }
@@ -278,6 +284,7 @@ inline void run_block(int threads, int schedule) {
           block.current = t;
           threadIdx = dim3(t);
           swapcontext(&block.scheduler, &f.context);
+          if (const char* fault = std::exchange(block.fault, nullptr)) throw std::runtime_error(fault);
           running = true;
           again = schedule != 0;
         }
