@@ -137,7 +137,7 @@ struct Block {
   std::vector<Fiber> fibers;
   std::vector<Barrier> warp_barriers;
   std::vector<WarpScratch> scratch;
-  std::vector<Barrier> group_barriers;  // one per warpgroup (128 threads): wgmma's exchange, bar.sync of 128
+  std::vector<Barrier> group_barriers;  // one per warpgroup (128 threads): wgmma's operand exchange
   std::vector<GroupScratch> group_scratch;
   Barrier block_barrier;
   std::unordered_map<const void*, Mbarrier> mbarriers;  // by shared-memory address, for the running block

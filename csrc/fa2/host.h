@@ -82,24 +82,29 @@ struct Tag {
   using type = T;
 };
 
+// Calls f(Tag<t's element type>): bf16 or fp16, the types the kernels are instantiated for.
+template <typename F>
+void by_type(const at::Tensor& t, F&& f) {
+  if (t.scalar_type() == at::kBFloat16) {
+    f(Tag<__nv_bfloat16>{});
+  } else {
+    f(Tag<__half>{});
+  }
+}
+
 // Calls f(Tag<element type>, std::bool_constant<general>): the kernels are instantiated per element type and for
 // general masks (softcap, dilation, block layout) and scales <= 0 apart from the rest (csrc/fa2/fwd.cuh says why).
 template <typename F>
 void dispatch(const at::Tensor& q, const Params& p, F&& f) {
   const bool general =
       p.softcap > 0.f || p.mask.dilation > 1 || p.mask.layout != nullptr || !(p.scale_log2 > 0.f);
-  auto with_type = [&](auto tag) {
+  by_type(q, [&](auto tag) {
     if (general) {
       f(tag, std::true_type{});
     } else {
       f(tag, std::false_type{});
     }
-  };
-  if (q.scalar_type() == at::kBFloat16) {
-    with_type(Tag<__nv_bfloat16>{});
-  } else {
-    with_type(Tag<__half>{});
-  }
+  });
 }
 
 inline int documents(const at::Tensor& q, const std::optional<at::Tensor>& cu_q) {
@@ -249,19 +254,14 @@ void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& ls
   const int64_t blocks = (static_cast<int64_t>(a.rows) * a.heads * a.group + kThreads - 1) / kThreads;
   if (blocks == 0) return;
   const dim3 grid(static_cast<unsigned>(blocks));
-  const auto run = [&](auto tag) {
+  by_type(out, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (vec) {
       launch(bwd_prep_kernel<T, 8>, grid, kThreads, 0, a);
     } else {
       launch(bwd_prep_kernel<T, 1>, grid, kThreads, 0, a);
     }
-  };
-  if (out.scalar_type() == at::kBFloat16) {
-    run(Tag<__nv_bfloat16>{});
-  } else {
-    run(Tag<__half>{});
-  }
+  });
 }
 
 // The attributes Python reads: the head dim and the tiles the schedules must be built for.

@@ -59,8 +59,6 @@ __device__ __forceinline__ void wgmma_wait() {
 // Shared memory written through the generic proxy (st.shared: the backward's dS^T) made visible to wgmma's async
 // proxy. TMA writes through the async proxy itself and needs no fence.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// A barrier of this thread's warpgroup alone (named barrier 1 + warpgroup; 0 is __syncthreads').
-__device__ __forceinline__ void warpgroup_sync() { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + threadIdx.x / 128)); }
 
 // Pins accumulators at this point of the program: the compiler may not move their reads or writes across it. Placed
 // after wgmma_wait (so reads follow the wait) and before wgmma_fence (so writes precede the MMAs).
@@ -142,7 +140,6 @@ inline void wgmma_wait() {}
 inline void fence_proxy_async() {}
 template <int N>
 inline void pin(float (&)[N][4]) {}
-inline void warpgroup_sync() { emu::group_sync(); }
 
 namespace emulated {
 
