@@ -104,26 +104,47 @@ __device__ __forceinline__ float exp_row(const Params& p, float (&s)[BN / 8][4],
   return sum;
 }
 
-// A thread's two rows of an m16 row tile (i0 and i0 + 8 within the document) of O, normalized by their sums, and
-// their logsumexp. o, row_max, row_sum: as the forward kernels keep them (row_sum: this thread's part).
-template <typename T, int D>
-__device__ __forceinline__ void write_rows(const Params& p, const float (&o)[D / 8][4], const float (&row_max)[2],
-                                           const float (&row_sum)[2], int i0, const Document& doc, int b, int h) {
+// The normalization of a thread's two rows of an m16 row tile (i0 and i0 + 8 within the document): 1 / their sums,
+// 0 for a row that sees no key (output 0). Writes their logsumexp. row_max, row_sum: as the forward kernels keep
+// them (row_sum: this thread's part).
+__device__ __forceinline__ float2 finish_rows(const Params& p, const float (&row_max)[2], const float (&row_sum)[2],
+                                              int i0, const Document& doc, int b, int h) {
   const int lane = threadIdx.x % 32;
+  float inv[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const float l = quad_sum(row_sum[half]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key: output 0
+    inv[half] = l > 0.f ? 1.f / l : 0.f;
     const int i = i0 + 8 * half;
-    if (i >= doc.lq) continue;
-    T* out = row_ptr<T>(p.o, b, doc.q_start, i, h) + 2 * (lane % 4);
-#pragma unroll
-    for (int d = 0; d < D / 8; ++d)
-      *reinterpret_cast<uint32_t*>(out + 8 * d) = pack2<T>(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
-    if (lane % 4 == 0)
+    if (i < doc.lq && lane % 4 == 0)
       p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + i] =
           l > 0.f ? (row_max[half] + log2f(l)) * kLn2 : -INFINITY;
   }
+  return make_float2(inv[0], inv[1]);
+}
+
+// The same rows of O, times `inv` (finish_rows), to p.o.
+template <typename T, int D>
+__device__ __forceinline__ void store_rows(const Params& p, const float (&o)[D / 8][4], float2 inv, int i0,
+                                           const Document& doc, int b, int h) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = i0 + 8 * half;
+    if (i >= doc.lq) continue;
+    const float scale = half == 0 ? inv.x : inv.y;
+    T* out = row_ptr<T>(p.o, b, doc.q_start, i, h) + 2 * (lane % 4);
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d)
+      *reinterpret_cast<uint32_t*>(out + 8 * d) = pack2<T>(o[d][2 * half] * scale, o[d][2 * half + 1] * scale);
+  }
+}
+
+// FA2's epilogue of a thread's two rows: their logsumexp and O.
+template <typename T, int D>
+__device__ __forceinline__ void write_rows(const Params& p, const float (&o)[D / 8][4], const float (&row_max)[2],
+                                           const float (&row_sum)[2], int i0, const Document& doc, int b, int h) {
+  store_rows<T, D>(p, o, finish_rows(p, row_max, row_sum, i0, doc, b, h), i0, doc, b, h);
 }
 
 // kGeneral: the instantiation for softcap, dilation or a block layout (`general`); the other one, for everything

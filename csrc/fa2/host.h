@@ -150,7 +150,8 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
 #ifdef LEGALPT_WITH_FA3
       using Tr = fa3::FwdTraits<T, kHeadDim>;
       const dim3 grid((max_q + Tr::kBlockM - 1) / Tr::kBlockM, documents(q, cu_q), p.heads);
-      const fa3::FwdArgs args{p, tensor_map(q, Tr::kBlockM), tensor_map(k, Tr::kBlockN), tensor_map(v, Tr::kBlockN)};
+      const fa3::FwdArgs args{p, tensor_map(q, Tr::kBlockM), tensor_map(k, Tr::kBlockN), tensor_map(v, Tr::kBlockN),
+                              tensor_map(out, Tr::kBlockM)};
       launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
 #endif
     } else {
@@ -194,8 +195,13 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
 #ifdef LEGALPT_WITH_FA3
       using Tr = fa3::BwdTraits<T, kHeadDim>;
       static_assert(Tr::kBlockN == kKeys, "split_dkv_kernel and the grid assume fa2's key tiles");
-      const fa3::BwdArgs args{p, tensor_map(q, Tr::kBlockM), tensor_map(dout, Tr::kBlockM),
-                              tensor_map(k, Tr::kBlockN), tensor_map(v, Tr::kBlockN)};
+      const fa3::BwdArgs args{p,
+                              tensor_map(q, Tr::kBlockM),
+                              tensor_map(dout, Tr::kBlockM),
+                              tensor_map(k, Tr::kBlockN),
+                              tensor_map(v, Tr::kBlockN),
+                              tensor_map(dk, Tr::kBlockN),
+                              tensor_map(dv, Tr::kBlockN)};
       launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
 #endif
     } else {

@@ -40,24 +40,12 @@ struct BwdTraits {
 };
 
 // The backward's arguments: fa2's, and the tensor maps of its TMA copies (tma.cuh; boxes of kBlockM query rows,
-// kBlockN keys).
+// kBlockN keys) and stores.
 struct BwdArgs {
   Params p;
   TensorMap q, dout, k, v;
+  TensorMap dk, dv;  // stores of whole key tiles (boxes of kBlockN rows)
 };
-
-// A warp's dS^T (16 keys from `key0` x BM queries, accumulators) as T into the swizzled (BN, BM) dS^T tile.
-template <typename T, int BN, int BM>
-__device__ __forceinline__ void store_transposed(unsigned char* dst, const float (&x)[BM / 8][4], int key0) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = key0 + lane / 4 + 8 * r;
-      *reinterpret_cast<uint32_t*>(dst + swizzled<BN>(row, n) + 4 * (lane % 4)) = pack2<T>(x[n][2 * r], x[n][2 * r + 1]);
-    }
-}
 
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
 __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
@@ -222,7 +210,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     if (p.deterministic) {
       dk_grads();
     } else {  // dQ's MMAs before dK's, so that its atomics run beside dK's MMAs
-      store_transposed<T, BN, BM>(sdS, dpt, key0);
+      store_swizzled<T, BN, BM>(sdS, dpt, key0);
       fence_proxy_async();
       __syncthreads();  // both warpgroups' dS^T are stored
       float dq[1][64 / 8][4];  // rows: queries dq_row0 + 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
@@ -243,7 +231,27 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     next = after;
   }
   cp_async_wait<0>();
-  fa2::store_dkv<T, 1, D, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, 0, split);
+  // A whole key tile goes out by TMA from the query stages' buffers (free now, each at least a (BN, D) tile):
+  // 128-byte lines instead of every thread's 4-byte stores behind the atomics in the memory queue. A tile past a
+  // varlen document's end and a split tile's part (float32 sums) keep fa2's stores.
+  if (!split && (p.cu_seqlens_k == nullptr || (n_blk + 1) * BN <= doc.lk)) {
+    static_assert(2 * Tr::kQueryTileBytes >= Tr::kKeyTileBytes, "dK and dV each fit the query stages' buffers");
+    __syncthreads();  // every warpgroup is done with the query stages
+    store_swizzled<T, BN, D>(sQ0, dk[0], key0);
+    store_swizzled<T, BN, D>(sdO0, dv[0], key0);
+    fence_proxy_async();
+    __syncthreads();  // both warpgroups' rows are stored
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        tma_store(a.dk, sQ0 + c * BN * 128, 64 * c, hk, doc.k_start + n_blk * BN, batch);
+        tma_store(a.dv, sdO0 + c * BN * 128, 64 * c, hk, doc.k_start + n_blk * BN, batch);
+      }
+      tma_store_drain();
+    }
+  } else {
+    fa2::store_dkv<T, 1, D, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, 0, split);
+  }
 #elif defined(__CUDA_ARCH__)
   __trap();  // another target's code: fa3.check never launches it there, and it must not pass silently
 #endif

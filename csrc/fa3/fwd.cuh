@@ -34,10 +34,11 @@ struct FwdTraits {
   static constexpr int kSmem = kBlockM * D * sizeof(T) + 4 * kTileBytes + 3 * sizeof(uint64_t) + 1024;
 };
 
-// The forward's arguments: fa2's, and the tensor maps of its TMA copies (boxes of 128 rows).
+// The forward's arguments: fa2's, and the tensor maps of its TMA copies and of O's stores (boxes of 128 rows).
 struct FwdArgs {
   Params p;
   TensorMap q, k, v;
+  TensorMap o;  // stores of whole query tiles
 };
 
 // Tile t's scores s (a warpgroup's 64 rows x BN keys, raw) to P, as in the FA2 forward: the element rule, the new
@@ -180,7 +181,25 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     pin<D / 8>(o);
   }
 
-  fa2::write_rows<T, D>(p, o, row_max, row_sum, i0, doc, b, h);
+  const float2 inv = fa2::finish_rows(p, row_max, row_sum, i0, doc, b, h);
+  // A whole query tile's O goes out by TMA from Q's buffer, free since the last S (the copies' barrier): 128-byte
+  // lines instead of every thread's 4-byte stores. A tile past a varlen document's end keeps fa2's stores.
+  if (p.cu_seqlens_q == nullptr || (m_blk + 1) * BM <= doc.lq) {
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[d][c] *= c < 2 ? inv.x : inv.y;
+    store_swizzled<T, BM, D>(sQ, o, 64 * wg + 16 * (threadIdx.x / 32 % 4));
+    fence_proxy_async();
+    __syncthreads();  // both warpgroups' rows are stored
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) tma_store(a.o, sQ + c * BM * 128, 64 * c, h, doc.q_start + m_blk * BM, batch);
+      tma_store_drain();
+    }
+  } else {
+    fa2::store_rows<T, D>(p, o, inv, i0, doc, b, h);
+  }
 #elif defined(__CUDA_ARCH__)
   __trap();  // another target's code: fa3.check never launches it there, and it must not pass silently
 #endif

@@ -3,10 +3,13 @@
 // shared-memory panel in the 128-byte swizzle of wgmma.cuh, zero-filling rows past the tensor's end. Copies complete
 // on an mbarrier in shared memory, which counts their bytes: the consumers wait on its phase instead of a cp.async
 // group, and no proxy fence is needed (TMA writes through the async proxy that wgmma reads). Rows past a document's
-// end but inside the tensor (varlen) hold the next document's values, which the partial tiles' masks remove.
+// end but inside the tensor (varlen) hold the next document's values, which the partial tiles' masks remove. Stores
+// go the other way, from a swizzled panel to global memory; they would write a tile's rows past a document's end
+// into the next document, so the kernels store whole tiles only this way.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -49,6 +52,20 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap& map, int co
       "%5}], [%6];\n" ::"r"(smem_addr(dst)),
       "l"(&map), "r"(col), "r"(head), "r"(row), "r"(batch), "r"(smem_addr(bar))
       : "memory");
+}
+// The swizzled panel at `src` (box rows x 64 columns) to rows [row, row + box rows) of head `head`, columns
+// [col, col + 64), of batch `batch`; rows past the tensor's end are not written. One of this thread's bulk group.
+__device__ __forceinline__ void tma_store(const TensorMap& map, const void* src, int col, int head, int row,
+                                          int batch) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(&map), "r"(col),
+      "r"(head), "r"(row), "r"(batch), "r"(smem_addr(src))
+      : "memory");
+}
+// Commits this thread's stores as a group and waits until they have read shared memory: the block may then exit or
+// overwrite it, while the writes to global memory complete on their own.
+__device__ __forceinline__ void tma_store_drain() {
+  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 
 // The map of a tensor of 2-byte elements as {D, heads, rows, batches} (strides in elements between heads, rows and
@@ -128,6 +145,18 @@ inline void tma_load(void* dst, const TensorMap& map, int col, int head, int row
     }
   }
 }
+inline void tma_store(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
+  const unsigned char* in = static_cast<const unsigned char*>(src);
+  unsigned char* base = const_cast<unsigned char*>(map.base);
+  for (int r = 0; r < map.box_rows; ++r) {
+    if (row + r >= map.dims[2] || head >= map.dims[1] || batch >= map.dims[3]) continue;
+    unsigned char* to = base + batch * map.strides[2] + (row + r) * map.strides[1] + head * map.strides[0] +
+                        col * map.element_bytes;
+    for (int c = 0; c < 64 * map.element_bytes / 16; ++c)
+      if (col + 8 * c < map.dims[0]) std::memcpy(to + 16 * c, in + swizzled<64>(r, c), 16);
+  }
+}
+inline void tma_store_drain() {}
 #endif
 
 }  // namespace legalpt::fa3

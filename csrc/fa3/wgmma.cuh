@@ -28,6 +28,21 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
   return (chunk / 8) * ROWS * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) << 4);
 }
 
+// A warp's accumulator tile (16 rows from `row0`, COLS columns: wgmma's and mma.sync's layout) as T into the
+// swizzled (ROWS, COLS) tile at `dst`: the backward's dS^T, the epilogues' O, dK and dV.
+template <typename T, int ROWS, int COLS>
+__device__ __forceinline__ void store_swizzled(unsigned char* dst, const float (&x)[COLS / 8][4], int row0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < COLS / 8; ++n)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + lane / 4 + 8 * r;
+      *reinterpret_cast<uint32_t*>(dst + swizzled<ROWS>(row, n) + 4 * (lane % 4)) =
+          pack2<T>(x[n][2 * r], x[n][2 * r + 1]);
+    }
+}
+
 // P (64 x 128 keys of a warpgroup, float accumulators) as the A fragments of O += P V, one per 16 keys.
 template <typename T, int BN>
 __device__ __forceinline__ void to_fragments(const float (&s)[BN / 8][4], uint32_t (&a)[BN / 16][4]) {
