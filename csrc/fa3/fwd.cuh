@@ -132,11 +132,21 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   uint32_t pa[BN / 16][4];  // P of the latest tile, as A fragments
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // log2 domain; row_sum: this thread's part
   float s[BN / 8][4];
+  // Rows of key tile t's K or V (landed at `tile`) past a varlen document's end zeroed (zero_rows); a barrier follows
+  const auto past_document = [&](unsigned char* tile, int t) {
+    const int valid = doc.lk - vis.tiles[t] * BN;
+    if (p.cu_seqlens_k != nullptr && valid < BN) {
+      zero_rows<BN, D, Tr::kThreads>(tile, valid);
+      fence_proxy_async();
+    }
+  };
   // Before tile t (t >= 1): wait for K(t) and V(t-1) (the copies of tile t-1), then issue tile t's once every
   // warpgroup is done with the buffers they overwrite (S(t-1) and P V(t-2) have been waited for before the block
   // barrier)
   const auto next_copies = [&](int t) {
     mbar_wait(bars + 1 + (t - 1) % 2, (t - 1) / 2 % 2);
+    if (t < vis.count) past_document(sK + t % 2 * Tr::kTileBytes, t);
+    past_document(sV + (t - 1) % 2 * Tr::kTileBytes, t - 1);
     __syncthreads();
     if (threadIdx.x == 0 && t < vis.count) issue_copies(t);
   };
@@ -156,6 +166,10 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
 
   if (vis.count > 0) {
     mbar_wait(bars, 0);  // Q and K(0)
+    if (p.cu_seqlens_k != nullptr && doc.lk - vis.tiles[0] * BN < BN) {  // uniform over the block
+      past_document(sK, 0);
+      __syncthreads();
+    }
     wgmma_fence();
     issue_s(0);
     wgmma_wait<0>();

@@ -3,7 +3,7 @@
 // shared-memory panel in the 128-byte swizzle of wgmma.cuh, zero-filling rows past the tensor's end. Copies complete
 // on an mbarrier in shared memory, which counts their bytes: the consumers wait on its phase instead of a cp.async
 // group, and no proxy fence is needed (TMA writes through the async proxy that wgmma reads). Rows past a document's
-// end but inside the tensor (varlen) hold the next document's values, which the partial tiles' masks remove. Stores
+// end but inside the tensor (varlen) hold the next document's values: the kernels zero them (zero_rows). Stores
 // go the other way, from a swizzled panel to global memory; they would write a tile's rows past a document's end
 // into the next document, so the kernels store whole tiles only this way.
 #pragma once
@@ -158,5 +158,19 @@ inline void tma_store(const TensorMap& map, const void* src, int col, int head, 
 }
 inline void tma_store_drain() {}
 #endif
+
+// Rows [valid, ROWS) of a swizzled (ROWS, D) tile to zero: the rows a box brought from past a varlen document's
+// end, which hold the next document's values, so that a non-finite one cannot reach this document through a zero
+// probability (0 x Inf is NaN). Every thread of the block takes part; a proxy fence and a block barrier must follow
+// before wgmma reads the tile.
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void zero_rows(unsigned char* tile, int valid) {
+  struct alignas(16) Chunk {
+    uint32_t x[4];
+  };
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a row, over its panels
+  for (int at = threadIdx.x; at < (ROWS - valid) * kChunks; at += THREADS)
+    *reinterpret_cast<Chunk*>(tile + swizzled<ROWS>(valid + at / kChunks, at % kChunks)) = Chunk{};
+}
 
 }  // namespace legalpt::fa3
