@@ -44,6 +44,11 @@ def test_varlen_matches_naive(mask: str, rng):
     base.test_varlen_matches_naive(mask, torch.bfloat16, 128, (6, 2), False, rng)
 
 
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_varlen_documents_stay_apart(head_dim: int):
+    base.test_varlen_documents_stay_apart(head_dim)
+
+
 @pytest.mark.parametrize("case", [c for c in base.SPLIT_CASES if c.head_dim in HEAD_DIMS], ids=str)
 def test_split_global_key_tiles(case: base.Case, monkeypatch):
     base.test_split_global_key_tiles(case, monkeypatch)
