@@ -123,13 +123,24 @@ def plan(scale: Scale, quick: bool) -> list[Shape]:
     return shapes
 
 
-def selected(shapes: list[Shape], masks: list[str] | None, head_dims: list[int] | None) -> list[Shape]:
-    """The shapes with the given masks and head dims (all where None), in the order given: head dim first, then
-    mask, the plan's order within. A run cut off by a time limit has then measured what was listed first."""
-    kept = [s for s in shapes if s.mask in (masks or [s.mask]) and s.head_dim in (head_dims or [s.head_dim])]
-    return sorted(
-        kept, key=lambda s: (head_dims.index(s.head_dim) if head_dims else 0, masks.index(s.mask) if masks else 0)
-    )
+def selected(
+    shapes: list[Shape], masks: list[str] | None, head_dims: list[int] | None, seqlens: list[int] | None = None
+) -> list[Shape]:
+    """The shapes with the given masks, head dims and seqlens (all where None), in the order given: head dim first,
+    then mask, then seqlen, the plan's order within. A run cut off by a time limit has then measured what was listed
+    first."""
+
+    def rank(chosen: list | None, value: object) -> int:
+        return chosen.index(value) if chosen else 0
+
+    kept = [
+        s
+        for s in shapes
+        if s.mask in (masks or [s.mask])
+        and s.head_dim in (head_dims or [s.head_dim])
+        and s.seqlen in (seqlens or [s.seqlen])
+    ]
+    return sorted(kept, key=lambda s: (rank(head_dims, s.head_dim), rank(masks, s.mask), rank(seqlens, s.seqlen)))
 
 
 def _dense(scale: Scale, head_dim: int, seqlen: int, causal: bool) -> Shape:
@@ -494,6 +505,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--masks", nargs="+", help="only shapes with these masks, e.g. causal window-1024")
     parser.add_argument("--head-dims", nargs="+", type=int, help="only shapes with these head dims")
     parser.add_argument(
+        "--seqlens", nargs="+", type=int, help="only shapes with these seqlens (varlen: the packed total)"
+    )
+    parser.add_argument(
         "--merge", action="store_true", help="add to today's record in --out (its rows of re-measured shapes replaced)"
     )
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
@@ -519,9 +533,12 @@ def main(argv: list[str] | None = None) -> int:
     # FlexAttention and create_block_mask compile once per shape (dynamic=False); the default limit of 8 would send
     # later shapes to the unfused, O(N^2) fallback
     torch._dynamo.config.recompile_limit = 512
-    shapes = selected(plan(CPU_SCALE if device.type == "cpu" else GPU_SCALE, args.quick), args.masks, args.head_dims)
+    scale = CPU_SCALE if device.type == "cpu" else GPU_SCALE
+    shapes = selected(plan(scale, args.quick), args.masks, args.head_dims, args.seqlens)
     if not shapes:
-        raise SystemExit(f"--masks {args.masks} --head-dims {args.head_dims}: no shape matches")
+        raise SystemExit(
+            f"--masks {args.masks} --head-dims {args.head_dims} --seqlens {args.seqlens}: no shape matches"
+        )
     if device.type == "cpu":
         print("--device cpu: no peak-memory shapes (they need CUDA memory statistics)")
         torch.set_num_threads(1)  # a dry run on shared cores: several threads mostly wait for each other there

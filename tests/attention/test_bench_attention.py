@@ -56,6 +56,16 @@ def test_shapes_run_in_the_order_given(bench):
     assert seqlens == sorted(seqlens)  # the plan's order within
 
 
+def test_seqlens_select_and_order(bench):
+    shapes = bench.selected(bench.plan(bench.GPU_SCALE, quick=False), ["window-1024"], [128], [65536, 16384])
+    assert [(s.mask, s.seqlen) for s in shapes] == [("window-1024", 65536), ("window-1024", 16384)]
+
+
+def test_no_shape_matches_the_selection(bench, tmp_path):
+    with pytest.raises(SystemExit, match="no shape matches"):
+        bench.main([*ARGS, "--seqlens", "7", "--out", str(tmp_path)])
+
+
 def test_all_shapes_without_a_selection(bench):
     shapes = bench.plan(bench.GPU_SCALE, quick=False)
     assert bench.selected(shapes, None, None) == shapes
