@@ -355,17 +355,6 @@ inline bool __any_sync(unsigned, bool predicate) {
   return any;
 }
 
-inline int __shfl_sync(unsigned, int x, int src) {  // through the scratch's bits: any int comes back exactly
-  using namespace legalpt::emu;
-  WarpScratch& s = warp_scratch();
-  std::memcpy(&s.value[lane()], &x, sizeof(x));
-  warp_sync();
-  int y;
-  std::memcpy(&y, &s.value[src % 32], sizeof(y));
-  warp_sync();
-  return y;
-}
-
 inline float __shfl_xor_sync(unsigned, float x, int mask) {
   using namespace legalpt::emu;
   WarpScratch& s = warp_scratch();

@@ -74,7 +74,6 @@ __device__ __forceinline__ void score_grads(const Params& p, float& s, float& dp
 struct BwdWork {
   int g, t, end;  // group member, position in its visit list and the end of this block's part; g == kv_group: done
   int tile;       // the query tile, vis.tiles[t]: read when advancing, an iteration before the copy that needs it
-  int empty_half; // a halves schedule's marks of the key tile's halves empty for this query tile (params.h)
   Visits vis;
 };
 
@@ -86,10 +85,7 @@ __device__ __forceinline__ void advance(const Params& p, BwdWork& w, int b, int 
     w.t = chunk < 0 ? 0 : w.vis.count * chunk / p.split_chunks;
     w.end = chunk < 0 ? w.vis.count : w.vis.count * (chunk + 1) / p.split_chunks;
   }
-  if (w.g < p.kv_group) {
-    w.tile = w.vis.tiles[w.t] & ((1 << kHalvesShift) - 1);
-    w.empty_half = w.vis.tiles[w.t] >> kHalvesShift;
-  }
+  if (w.g < p.kv_group) w.tile = w.vis.tiles[w.t];
 }
 
 // The element rule on a warp's partial S^T / dP^T tile in one-level (16 keys from `key0` x BM queries from `q0`):
@@ -455,7 +451,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
   };
 
   typename Tr::Acc dk = {}, dv = {};  // rows key0 + 16 m + lane/4 (+8), cols d0 + 8 n + 2 (lane % 4) (+1)
-  BwdWork work{-1, 0, 0, 0, 0, {}};
+  BwdWork work{-1, 0, 0, 0, {}};
   advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
   BwdWork next = work;
   advance(p, next, b, hk, n_blk, chunk);
@@ -607,17 +603,13 @@ __global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const _
 // The backward's preprocessing: per (query row, head), delta = rowsum(dO * O) - dlse and the log2-domain
 // logsumexp the kernels subtract (+inf where the row sees no key). `group` lanes per row and head (a power of two
 // <= 32), float32 sums. With kVec = 8 each lane reads 16-byte chunks, so a row of up to 256 elements takes one
-// round trip to memory (a loop of 2-byte reads made this pass latency-bound); kVec = 1 serves unaligned rows. The
-// row's logsumexp is read beside O and dO, not after the sum, for the same reason. The pass also zeroes the row's
-// dq_accum, which the backward adds into: no separate fill of it.
+// round trip to memory (a loop of 2-byte reads made this pass latency-bound); kVec = 1 serves unaligned rows.
 struct PrepArgs {
   Tensor4 out, dout;         // the forward's output and its gradient (unpadded head dim)
   const float* lse;          // (B, H, Sq) or (H, total_q)
   const float* dlse;         // like lse, or nullptr
   float* lse_log2;           // written, like lse
   float* delta;              // written, like lse
-  Tensor4 dq_accum;          // float32, dq_cols columns: zeroed
-  int dq_cols;               // a multiple of 4
   int64_t lse_batch_stride, lse_head_stride;
   int seqlen_q;              // rows per batch row; 0 for a packed varlen axis
   int rows, heads, head_dim; // rows: B * Sq or total_q
@@ -639,10 +631,8 @@ __global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
   const bool valid = pair < static_cast<int64_t>(a.rows) * a.heads;  // a warp's lanes all reach the shuffles
   const int row = static_cast<int>(pair / a.heads), h = static_cast<int>(pair % a.heads);
   const int b = a.seqlen_q > 0 ? row / a.seqlen_q : 0, i = a.seqlen_q > 0 ? row % a.seqlen_q : row;
-  float sum = 0.f, lse = 0.f;
-  const int64_t at = b * a.lse_batch_stride + h * a.lse_head_stride + i;
+  float sum = 0.f;
   if (valid) {
-    if (member == 0) lse = a.lse[at];
     const T* o = row_ptr<const T>(a.out, b, 0, i, h);
     const T* d = row_ptr<const T>(a.dout, b, 0, i, h);
     for (int c = member * kVec; c < a.head_dim; c += a.group * kVec) {
@@ -651,11 +641,11 @@ __global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) sum += to_float(x.x[e]) * to_float(y.x[e]);
     }
-    float* dq = row_ptr<float>(a.dq_accum, b, 0, i, h);
-    for (int c = 4 * member; c < a.dq_cols; c += 4 * a.group) *reinterpret_cast<Chunk<float, 4>*>(dq + c) = Chunk<float, 4>{};
   }
   for (int offset = a.group / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
   if (valid && member == 0) {
+    const int64_t at = b * a.lse_batch_stride + h * a.lse_head_stride + i;
+    const float lse = a.lse[at];
     a.lse_log2[at] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     a.delta[at] = sum - (a.dlse != nullptr ? a.dlse[at] : 0.f);
   }

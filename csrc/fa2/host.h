@@ -231,7 +231,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
 
 template <typename Launch>
 void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& lse,
-             const std::optional<at::Tensor>& dlse, at::Tensor& lse_log2, at::Tensor& delta, at::Tensor& dq_accum) {
+             const std::optional<at::Tensor>& dlse, at::Tensor& lse_log2, at::Tensor& delta) {
   const Launch launch(out.device());
   const bool packed = out.dim() == 3;
   PrepArgs a{};
@@ -241,8 +241,6 @@ void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& ls
   a.dlse = dlse.has_value() ? dlse->data_ptr<float>() : nullptr;
   a.lse_log2 = lse_log2.data_ptr<float>();
   a.delta = delta.data_ptr<float>();
-  a.dq_accum = view(dq_accum);
-  a.dq_cols = static_cast<int>(dq_accum.size(-1));
   a.lse_batch_stride = packed ? 0 : lse.stride(0);
   a.lse_head_stride = packed ? lse.stride(0) : lse.stride(1);
   a.seqlen_q = packed ? 0 : static_cast<int>(out.size(1));

@@ -14,9 +14,6 @@ struct Tensor4 {
 };
 
 // Which tiles a row tile visits (legalpt/attention/blocks.py): counts (Bs, Hs, rows, 2), indices (Bs, Hs, rows, cols).
-// A halves schedule's indices carry, above kHalvesShift, which half of the key tile is empty for the query tile
-// (blocks.HALVES_SHIFT): bit 0 its first half, bit 1 its second.
-constexpr int kHalvesShift = 29;
 struct Schedule {
   const int* counts;
   const int* indices;

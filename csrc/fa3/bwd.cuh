@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128);   // the panel of its 64 columns
 
   float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
-  fa2::BwdWork work{-1, 0, 0, 0, 0, {}};
+  fa2::BwdWork work{-1, 0, 0, 0, {}};
   fa2::advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
   fa2::BwdWork next = work;
   fa2::advance(p, next, b, hk, n_blk, chunk);
@@ -145,40 +145,6 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     const uint32_t sq = smem_addr(sQ0 + stage * Tr::kQueryTileBytes), sdo = smem_addr(sdO0 + stage * Tr::kQueryTileBytes);
     const uint64_t q_desc = descriptor(sq), do_desc = descriptor(sdo);  // K-major: B of S^T and dP^T
     const uint64_t q_desc_n = descriptor(sq, BM * 128), do_desc_n = descriptor(sdo, BM * 128);  // N-major: of dK, dV
-
-    // dQ += dS K over the tile's 128 keys, or over the 64 of the half that is not empty (a halves schedule's mark,
-    // read through a shuffle from lane 0 so that ptxas knows it is uniform and keeps the wgmmas pipelined)
-    const int empty_half = __shfl_sync(0xffffffff, work.empty_half, 0);
-    const auto dq_grads = [&](float (&dq)[1][64 / 8][4]) {
-      const uint64_t half = empty_half == 1 ? (BN / 2) * 128 / 16 : 0;  // 16 keys a step: 16 lines
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 32; ++kk)
-        wgmma_ss<T, 64, 1, 1>(dq[0], ds_desc + half + (kk * 16 * 128) / 16, kt_desc + half + (kk * 16 * 128) / 16,
-                              kk > 0);
-      if (empty_half == 0) {
-#pragma unroll
-        for (int kk = BN / 32; kk < BN / 16; ++kk)
-          wgmma_ss<T, 64, 1, 1>(dq[0], ds_desc + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, true);
-      }
-      wgmma_commit();
-    };
-    const int dq_row = m_blk * BM + dq_row0 + 16 * (threadIdx.x / 32 % 4);  // the warp's first row of dQ
-    if (__shfl_sync(0xffffffff, empty_half >> wg & 1, 0)) {  // this warpgroup's keys see none of the tile's queries:
-      fa2::BwdWork after = next;                              // its part of dQ alone
-      fa2::advance(p, after, b, hk, n_blk, chunk);
-      if (!p.deterministic) {
-        __syncthreads();  // the other warpgroup's dS^T is stored
-        float dq[1][64 / 8][4];
-        dq_grads(dq);
-        wgmma_wait<0>();
-        pin<64 / 8>(dq[0]);
-        fa2::add_dq<1, 64>(p, dq, doc, b, h, dq_row, dq_col0);
-      }
-      work = next;
-      next = after;
-      continue;
-    }
 
     float st[BM / 8][4], dpt[BM / 8][4];  // S^T and dP^T: rows key0 + lane / 4 (+8), queries 8 n + 2 (lane % 4) (+1)
     wgmma_fence();
@@ -259,11 +225,15 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       fence_proxy_async();
       __syncthreads();  // both warpgroups' dS^T are stored
       float dq[1][64 / 8][4];  // rows: queries dq_row0 + 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
-      dq_grads(dq);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
+        wgmma_ss<T, 64, 1, 1>(dq[0], ds_desc + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
+      wgmma_commit();
       dk_grads();
       wgmma_wait<1>();  // dV's and dQ's
       pin<64 / 8>(dq[0]);
-      fa2::add_dq<1, 64>(p, dq, doc, b, h, dq_row, dq_col0);
+      fa2::add_dq<1, 64>(p, dq, doc, b, h, m_blk * BM + dq_row0 + 16 * (threadIdx.x / 32 % 4), dq_col0);
     }
     wgmma_wait<0>();
     pin<D / 8>(dk[0]);

@@ -3,9 +3,7 @@
 A kernel cuts every document into query tiles of Tq rows and key tiles of Tk keys. For each pair the mask makes the
 tile pair one of three states: empty (never loaded), partial (the element rule is applied inside) or full (every
 element visible: no masking math). A `BlockSchedule` lists, per row tile, the column tiles to visit, partial ones
-first. A `halves` schedule (transposed, for csrc/fa3's backward, whose two warpgroups own a key tile's halves) also
-marks in each index's high bits which half of the key tile sees none of the query tile, so that its warpgroup skips
-it. It is built on the device of the documents with a few vectorized torch ops (no host sync) from the same
+first. It is built on the device of the documents with a few vectorized torch ops (no host sync) from the same
 rule as everything else (`masks.block_visible`, `masks.block_full`), and the block layout is folded in through a
 summed-area table, so any layout block size works with any tile size. `schedule_for` caches schedules per shape.
 
@@ -25,9 +23,6 @@ from torch import Tensor
 from legalpt.attention.masks import MaskSpec, block_full, block_visible
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # tile states
-# A halves schedule's index: the tile in the low HALVES_SHIFT bits; bit HALVES_SHIFT set when the key tile's first
-# half is empty for the query tile, the next bit when its second half is (csrc/fa2/params.h reads the same)
-HALVES_SHIFT = 29
 _CACHE_SIZE = 16  # schedules kept by `schedule_for`: a model's layers share a handful of shapes
 
 
@@ -39,7 +34,6 @@ class BlockSchedule:
     counts: Tensor  # int32 (Bs, Hs, rows, 2): [tiles to visit, of which partial]; Bs, Hs are 1 when shared
     indices: Tensor  # int32 (Bs, Hs, rows, cols): the tiles to visit, partial ones first, each group ascending
     transposed: bool  # rows are key tiles and indices name query tiles (the backward's order)
-    halves: bool = False  # indices carry the empty key halves above HALVES_SHIFT (transposed schedules only)
 
 
 def tile_states(
@@ -95,30 +89,14 @@ def _layout_counts(spec: MaskSpec, i0: Tensor, i1: Tensor, j0: Tensor, j1: Tenso
     return count.permute(0, 3, 1, 2)
 
 
-def build_schedule(
-    states: Tensor, tile: tuple[int, int], transposed: bool = False, halves: Tensor | None = None
-) -> BlockSchedule:
-    """The visit lists of `tile_states` output: per row tile, partial tiles first, then full, each ascending.
-    `halves` (`empty_halves` of the same pairs) goes into a transposed schedule's indices."""
+def build_schedule(states: Tensor, tile: tuple[int, int], transposed: bool = False) -> BlockSchedule:
+    """The visit lists of `tile_states` output: per row tile, partial tiles first, then full, each ascending."""
     if transposed:
         states = states.transpose(-1, -2)
     order_key = torch.where(states == PARTIAL, 0, torch.where(states == FULL, 1, 2)).to(torch.uint8)
     indices = torch.argsort(order_key, dim=-1, stable=True).to(torch.int32)
     counts = torch.stack([(states != EMPTY).sum(-1), (states == PARTIAL).sum(-1)], dim=-1).to(torch.int32)
-    if halves is not None:
-        if not transposed:
-            raise ValueError("build_schedule: halves mark key tiles' halves, so the schedule must be transposed")
-        flags = torch.where(states != EMPTY, halves.transpose(-1, -2), 0).gather(-1, indices.long())
-        indices |= (flags << HALVES_SHIFT).to(torch.int32)
-    return BlockSchedule(tile, counts.contiguous(), indices.contiguous(), transposed, halves is not None)
-
-
-def empty_halves(half_states: Tensor, key_tiles: int) -> Tensor:
-    """int32 (Bs, Hs, nqt, key_tiles) from the `tile_states` of half-width key tiles: bit 0 set where a key tile's
-    first half is empty for the query tile, bit 1 where its second half is (a half past the keys' end is empty)."""
-    empty = (half_states == EMPTY).int()
-    empty = torch.nn.functional.pad(empty, (0, 2 * key_tiles - empty.shape[-1]), value=1).unflatten(-1, (key_tiles, 2))
-    return empty[..., 0] | empty[..., 1] << 1
+    return BlockSchedule(tile, counts.contiguous(), indices.contiguous(), transposed)
 
 
 _cache: OrderedDict[tuple, tuple[list, BlockSchedule]] = OrderedDict()
@@ -133,10 +111,8 @@ def schedule_for(
     tile: tuple[int, int],
     transposed: bool,
     device: torch.device,
-    halves: bool = False,
 ) -> BlockSchedule:
-    """The schedule of a batch of equal rows (cu_seqlens None) or of packed documents, cached. `halves`: a
-    transposed schedule that marks empty key-tile halves (`build_schedule`).
+    """The schedule of a batch of equal rows (cu_seqlens None) or of packed documents, cached.
 
     Tensors enter the cache key by identity and version (weak references guard against a freed tensor's id coming
     back), so the layers of one step, which share `cu_seqlens` and the layout, build the schedule once.
@@ -144,7 +120,7 @@ def schedule_for(
     tensors = [t for t in (cu_seqlens_q, cu_seqlens_k, spec.block_layout) if t is not None]
     key = (
         spec.causal, spec.window, spec.global_tokens, spec.dilation, spec.block_size, max_seqlen_q, max_seqlen_k,
-        tile, transposed, halves, device, *((id(t), t._version, tuple(t.shape)) for t in tensors),
+        tile, transposed, device, *((id(t), t._version, tuple(t.shape)) for t in tensors),
     )  # fmt: skip
     hit = _cache.get(key)
     if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors, strict=True)):
@@ -155,10 +131,7 @@ def schedule_for(
         lens_k = torch.tensor([max_seqlen_k], device=device)
     else:
         lens_q, lens_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
-    lengths = (spec, lens_q, lens_k, max_seqlen_q, max_seqlen_k)
-    states = tile_states(*lengths, tile)
-    marks = empty_halves(tile_states(*lengths, (tile[0], tile[1] // 2)), states.shape[-1]) if halves else None
-    schedule = build_schedule(states, tile, transposed, marks)
+    schedule = build_schedule(tile_states(spec, lens_q, lens_k, max_seqlen_q, max_seqlen_k, tile), tile, transposed)
     _cache[key] = ([weakref.ref(t) for t in tensors], schedule)
     if len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)

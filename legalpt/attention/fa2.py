@@ -120,16 +120,15 @@ def backward(
     qk, kk, vk, dok = (_kernel_layout(x, ext.head_dim) for x in (q, k, v, dout))
     lse = lse.contiguous()
     delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
-    dq_accum = torch.empty(qk.shape, device=q.device, dtype=torch.float32)  # zeroed by prepare
-    ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta, dq_accum)
+    ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta)
+    dq_accum = torch.zeros(qk.shape, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(kk), torch.empty_like(vk)
     split_tiles, split_chunks = _split(spec.global_tokens, max_seqlen_q, max_seqlen_k, tile, deterministic)
     documents = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
     rows = split_tiles * tile[1]  # (documents, rows, key heads, dK and dV)
     dkv_split = torch.zeros((documents, rows, kk.shape[-2], 2 * ext.head_dim), device=q.device, dtype=torch.float32)
     shape = (spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    # fa3's warpgroups each own half of a key tile and skip a half that sees none of a query tile
-    by_key_tile = schedule_for(*shape, tile, transposed=True, device=q.device, halves=hopper)
+    by_key_tile = schedule_for(*shape, tile, transposed=True, device=q.device)
     by_query_tile = by_key_tile  # deterministic: dQ gets its own pass over fa2's forward tiles (csrc/fa2/bwd.cuh)
     if deterministic:
         by_query_tile = schedule_for(*shape, ext.fwd_tile, transposed=False, device=q.device)

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import random
 
-import pytest
 import torch
 from attention_helpers import rule_mask
 
 from legalpt.attention import fa2
-from legalpt.attention.blocks import (
-    EMPTY,
-    FULL,
-    HALVES_SHIFT,
-    PARTIAL,
-    build_schedule,
-    empty_halves,
-    schedule_for,
-    tile_states,
-)
+from legalpt.attention.blocks import EMPTY, FULL, PARTIAL, build_schedule, schedule_for, tile_states
 from legalpt.attention.masks import MaskSpec
 
 
@@ -83,65 +73,6 @@ def test_visit_lists_hold_partial_tiles_first_then_full_ones_in_order(rng):
             full = [i for i, s in enumerate(row.tolist()) if s == FULL]
             assert counts.tolist() == [len(partial) + len(full), len(partial)]
             assert indices[: counts[0]].tolist() == partial + full
-
-
-def _halves_schedule(spec: MaskSpec, seqlen_q: int, seqlen_k: int, tile: tuple[int, int]):
-    return schedule_for(spec, None, None, seqlen_q, seqlen_k, tile, True, torch.device("cpu"), halves=True)
-
-
-def _marked_halves(spec: MaskSpec, seqlen_q: int, seqlen_k: int, tile: tuple[int, int]):
-    """(key tile, query tile, half, marked empty) of every visit of a halves schedule, which must list the same tiles
-    as the plain one."""
-    schedule = _halves_schedule(spec, seqlen_q, seqlen_k, tile)
-    plain = schedule_for(spec, None, None, seqlen_q, seqlen_k, tile, True, torch.device("cpu"))
-    assert schedule.halves and torch.equal(schedule.counts, plain.counts)
-    assert torch.equal(schedule.indices & ((1 << HALVES_SHIFT) - 1), plain.indices)
-    for kt, (counts, indices) in enumerate(zip(schedule.counts[0, 0], schedule.indices[0, 0], strict=True)):
-        for entry in indices[: counts[0]].tolist():
-            qt = entry & ((1 << HALVES_SHIFT) - 1)
-            for half in (0, 1):
-                yield kt, qt, half, bool(entry >> (HALVES_SHIFT + half) & 1)
-
-
-def test_halves_marked_empty_see_no_query_of_the_tile(rng):
-    """fa3's backward skips a warpgroup's half of a key tile that a halves schedule marks: it must be empty."""
-    draw = random.Random(rng.randrange(1 << 30))
-    for _ in range(60):
-        seqlen_q, seqlen_k = draw.randint(1, 90), draw.randint(1, 90)
-        spec = random_spec(draw, 1, seqlen_q, seqlen_k)
-        tq, tk = draw.choice([4, 8]), draw.choice([8, 16])
-        exact = brute_force_states(spec, seqlen_q, seqlen_k, (tq, tk // 2))[0]  # (nqt, key halves)
-        for kt, qt, half, marked in _marked_halves(spec, seqlen_q, seqlen_k, (tq, tk)):
-            column = 2 * kt + half
-            truly_empty = column >= exact.shape[1] or exact[qt, column] == EMPTY
-            assert not marked or truly_empty, (spec, seqlen_q, seqlen_k, (tq, tk), kt, qt, half)
-
-
-def test_halves_of_causal_and_window_masks_are_marked_exactly():
-    """On the plain masks every empty half is marked: a 1024-key window's key tile has one at each end."""
-    for spec, seqlen in ((MaskSpec(True), 300), (MaskSpec(True, (1023, 0)), 2048), (MaskSpec(False, (40, 13)), 250)):
-        tile = (64, 128) if seqlen > 1000 else (16, 32)
-        exact = brute_force_states(spec, seqlen, seqlen, (tile[0], tile[1] // 2))[0]
-        marks = list(_marked_halves(spec, seqlen, seqlen, tile))
-        for kt, qt, half, marked in marks:
-            column = 2 * kt + half  # past the keys' end: empty
-            assert marked == (column >= exact.shape[1] or exact[qt, column].item() == EMPTY), (spec, kt, qt, half)
-        assert any(marked for *_, marked in marks)
-    window = list(_marked_halves(MaskSpec(True, (1023, 0)), 2048, 2048, (64, 128)))
-    assert [(qt, half) for kt, qt, half, marked in window if marked and kt == 4] == [(8, 1), (25, 0)]
-
-
-def test_halves_need_a_transposed_schedule():
-    states = torch.full((1, 1, 2, 2), FULL, dtype=torch.uint8)
-    halves = empty_halves(torch.full((1, 1, 2, 4), FULL, dtype=torch.uint8), 2)
-    assert not halves.any()
-    with pytest.raises(ValueError, match="transposed"):
-        build_schedule(states, (16, 16), False, halves)
-
-
-def test_a_last_key_tile_of_one_half_marks_the_missing_half_empty():
-    states = torch.full((1, 1, 1, 3), FULL, dtype=torch.uint8)  # 3 half-width key tiles: the second tile's half 1
-    assert empty_halves(states, 2).tolist() == [[[[0, 2]]]]  # lies past the keys' end
 
 
 def test_schedules_are_cached_per_shape_and_rebuilt_for_new_documents():
