@@ -134,3 +134,24 @@ def rising_scores(q: Tensor, k: Tensor) -> None:
     q[..., rising, :, 0] = 20.0
     ramp = torch.linspace(0.0, 20.0, k.shape[-3], dtype=torch.float32, device=k.device)
     k[..., 0] = ramp[:, None].to(k.dtype)
+
+
+def assert_documents_stay_apart(backend: str, head_dim: int, device: torch.device | str) -> None:
+    """NaN in one packed document never reaches the one before it: the rows that a tile at a document's end brings
+    from the next one (cp.async zero-fills them; fa3's TMA reads them and the kernels zero them) must not meet a zero
+    probability (0 x NaN). The first document's outputs and gradients equal it run alone."""
+    from legalpt.attention import flash_attn_func, flash_attn_varlen_func
+
+    cu = torch.tensor([0, 70, 200], dtype=torch.int32, device=device)
+    q, k, v, g = (torch.randn(200, 2, head_dim, dtype=torch.bfloat16, device=device) for _ in range(4))
+    for x in (q, k, v, g):
+        x[70:] = float("nan")
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    out = flash_attn_varlen_func(q, k, v, cu, cu, 130, 130, causal=True, backend=backend)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    alone = [x[:70].detach().unsqueeze(0).requires_grad_() for x in (q, k, v)]
+    out_alone = flash_attn_func(*alone, causal=True, backend=backend)
+    grads_alone = torch.autograd.grad(out_alone, alone, g[:70].unsqueeze(0))
+    for name, ours, single in zip(("out", "dq", "dk", "dv"), (out, *grads), (out_alone, *grads_alone), strict=True):
+        assert torch.isfinite(ours[:70]).all(), f"{name}: the next document's NaN reached the first"
+        torch.testing.assert_close(ours[:70], single[0], atol=2e-2, rtol=2e-2, msg=name)
