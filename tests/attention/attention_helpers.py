@@ -2,7 +2,8 @@
 
 Deliberately independent of legalpt.attention.masks: the mask below is the element rule of DESIGN.md transcribed
 element by element, scores are dense, and the softmax is torch's. `assert_flash_attn_rule` is the accuracy rule for
-low-precision backends.
+low-precision backends. `assert_documents_stay_apart`, shared by the GPU and emulated kernel tests, drives legalpt's
+API, so it imports it where it runs: the oracle's module stays free of legalpt.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def assert_documents_stay_apart(backend: str, head_dim: int, device: torch.devic
     """NaN in one packed document never reaches the one before it: the rows that a tile at a document's end brings
     from the next one (cp.async zero-fills them; fa3's TMA reads them and the kernels zero them) must not meet a zero
     probability (0 x NaN). The first document's outputs and gradients equal it run alone."""
-    from legalpt.attention import flash_attn_func, flash_attn_varlen_func
+    from legalpt.attention import flash_attn_func, flash_attn_varlen_func  # here: see the module's docstring
 
     cu = torch.tensor([0, 70, 200], dtype=torch.int32, device=device)
     q, k, v, g = (torch.randn(200, 2, head_dim, dtype=torch.bfloat16, device=device) for _ in range(4))
