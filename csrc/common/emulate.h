@@ -85,7 +85,8 @@ namespace legalpt::emu {
 struct Barrier {
   int expected = 0, arrived = 0, generation = 0;
   bool async = false;  // an mbarrier's phases: completed by copies that another thread issues, never by arrivals
-  void arrive();
+  void arrive();         // and wait for the others (bar.sync)
+  void arrive_only();    // without waiting (bar.arrive)
 };
 
 // A cp.async copy in flight. It lands when its thread waits for its group; its destination holds all-ones bytes
@@ -96,20 +97,24 @@ struct Copy {
   int bytes;
 };
 
-// An mbarrier of TMA copies (csrc/fa3/tma.cuh): armed with the bytes a phase expects, it completes that phase (the
-// waiters wake) when its copies have issued them all. The copies land when a thread's wait for the phase returns;
-// until then their destinations hold all-ones bytes, as cp.async's do, so that a read without the wait sees NaN.
+// An mbarrier (csrc/fa3/tma.cuh): a phase completes once `count` arrivals came and the copies brought every byte
+// the arrivals armed (expect_tx); the waiters then wake. A barrier of TMA copies has one arrival per phase, the
+// issuing thread's; one that frees a buffer has the consumers' arrivals and no bytes. The copies land when a
+// thread's wait for the phase returns; until then their destinations hold all-ones bytes, as cp.async's do, so that
+// a read without the wait sees NaN.
 struct Mbarrier {
+  int count = 1;                  // arrivals per phase (mbarrier.init)
   int phases = 0;                 // completed phases; waiting for parity p returns once phases % 2 != p
-  int expected = -1, issued = 0;  // bytes of the armed phase (-1: not armed) and of its copies so far
-  std::vector<Copy> pending;      // copies of the armed phase
+  int arrived = 0;                // arrivals of the running phase
+  int expected = 0, issued = 0;   // bytes the running phase's arrivals armed, and its copies brought so far
+  std::vector<Copy> pending;      // copies of the running phase
   std::vector<Copy> landing;      // of completed phases, until a wait lands them
   Barrier gate{0, 0, 0, true};  // its generation counts completed phases: waiting fibers park on it
-  void expect(int bytes);
+  void arrive(int bytes);                 // one arrival that arms `bytes` more (0: a plain arrival)
   void copy(void* dst, const void* src);  // 16 bytes; src nullptr: zero-fill
+  void complete_if_done();
   void wait(int parity);
 };
-
 struct Fiber {
   ucontext_t context;
   std::vector<char> stack;
@@ -141,6 +146,7 @@ struct Block {
   std::vector<GroupScratch> group_scratch;
   Barrier block_barrier;
   std::unordered_map<const void*, Mbarrier> mbarriers;  // by shared-memory address, for the running block
+  Barrier named[16];  // bar.sync / bar.arrive by id, their thread counts set at each use
   int current = 0;
   long events = 0;  // barrier arrivals and threads finished: scheduling steps without any mean deadlock
   const char* fault = nullptr;  // a misuse that a fiber found; the scheduler raises it
@@ -178,21 +184,26 @@ inline void async_wait(int pending) {  // until at most `pending` of the thread'
 }
 
 inline Mbarrier& mbarrier(const uint64_t* bar) { return block.mbarriers[bar]; }
-inline void Mbarrier::expect(int bytes) {
-  while (expected != -1) {  // the hardware would fold both into one phase: a kernel bug, raised by the scheduler
-    block.fault = "emulated kernel armed an mbarrier again before its phase completed";
+inline void Mbarrier::arrive(int bytes) {
+  while (arrived == count) {  // the hardware would count it into the next phase: a kernel bug, raised by the scheduler
+    block.fault = "emulated kernel arrived at an mbarrier again before its phase completed";
     yield();
   }
-  expected = bytes;
-  issued = 0;
+  ++arrived;
+  expected += bytes;
+  complete_if_done();
 }
 inline void Mbarrier::copy(void* dst, const void* src) {
   std::memset(dst, 0xFF, 16);
   pending.push_back({dst, src, 16});
-  if ((issued += 16) != expected) return;
+  issued += 16;
+  complete_if_done();
+}
+inline void Mbarrier::complete_if_done() {
+  if (arrived != count || issued != expected) return;
   landing.insert(landing.end(), pending.begin(), pending.end());
   pending.clear();
-  expected = -1;
+  arrived = expected = issued = 0;
   ++phases;
   ++gate.generation;
   ++block.events;
@@ -216,6 +227,13 @@ inline void Mbarrier::wait(int parity) {
   landing.clear();
 }
 
+inline void Barrier::arrive_only() {
+  ++block.events;
+  if (++arrived == expected) {
+    arrived = 0;
+    ++generation;
+  }
+}
 inline void Barrier::arrive() {
   ++block.events;
   const int gen = generation;
@@ -235,7 +253,8 @@ inline void Barrier::arrive() {
 // at a time, a warpgroup's barrier. A warp barrier completes within the warp's own turn, so it never parks.
 inline bool parked(const Fiber& f, bool warpgroups) {
   if (f.waiting_on == nullptr || f.waiting_on->generation != f.wait_generation) return false;
-  if (f.waiting_on == &block.block_barrier || f.waiting_on->async) return true;
+  const bool named = f.waiting_on >= block.named && f.waiting_on < block.named + 16;
+  if (f.waiting_on == &block.block_barrier || f.waiting_on->async || named) return true;
   const bool warp_barrier = f.waiting_on >= &block.warp_barriers.front() && f.waiting_on <= &block.warp_barriers.back();
   return !warp_barrier && !warpgroups;
 }
@@ -324,6 +343,7 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
         blockIdx = dim3(x, y, z);
         block.block_barrier = Barrier{threads, 0, 0};
         block.mbarriers.clear();
+        for (Barrier& b : block.named) b = Barrier{};
         for (int t = 0; t < threads; ++t) {
           Fiber& f = block.fibers[t];
           f.done = false;
@@ -337,6 +357,9 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
           makecontext(&f.context, fiber_entry, 0);
         }
         run_block(threads, static_cast<int>((z * grid.y + y) * grid.x + x) % 4);
+        for (const Barrier& b : block.named) {
+          if (b.arrived != 0) throw std::runtime_error("emulated kernel left a named barrier with unmatched arrivals");
+        }
       }
 }
 

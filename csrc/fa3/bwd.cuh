@@ -125,8 +125,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   if (work.g < p.kv_group) load_query_tile(work, 0);
   mbar_wait(bars, 0);  // K and V
   if (p.cu_seqlens_k != nullptr && (n_blk + 1) * BN > doc.lk) {  // rows past the document (zero_rows)
-    zero_rows<BN, D, Tr::kThreads>(sK, doc.lk - n_blk * BN);
-    zero_rows<BN, D, Tr::kThreads>(sV, doc.lk - n_blk * BN);
+    zero_rows<BN, D, Tr::kThreads>(sK, doc.lk - n_blk * BN, threadIdx.x);
+    zero_rows<BN, D, Tr::kThreads>(sV, doc.lk - n_blk * BN, threadIdx.x);
     fence_proxy_async();
     __syncthreads();
   }
@@ -135,8 +135,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     cp_async_wait<0>();
     mbar_wait(bars + 1 + stage, (it / 2) % 2);  // the stage's Q and dO; each stage's barrier completes every second tile
     if (p.cu_seqlens_q != nullptr && (work.tile + 1) * BM > doc.lq) {  // rows past the document (zero_rows)
-      zero_rows<BM, D, Tr::kThreads>(sQ0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM);
-      zero_rows<BM, D, Tr::kThreads>(sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM);
+      zero_rows<BM, D, Tr::kThreads>(sQ0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM, threadIdx.x);
+      zero_rows<BM, D, Tr::kThreads>(sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM, threadIdx.x);
       fence_proxy_async();
     }
     __syncthreads();  // this stage has landed; every warpgroup is done with the other stage and dS^T

@@ -1,19 +1,22 @@
-// FA3 forward (Hopper, sm90a): one block of two warpgroups per (query tile of 128 rows, document, head), each
-// warpgroup owning 64 rows. S = Q K^T and O += P V run on wgmma (wgmma.cuh): Q, K and V in swizzled shared memory,
-// P straight from the registers S was computed in. Per visited key tile t, each warpgroup issues S(t) and then
-// O += P(t-1) V(t-1), both asynchronous, waits for S(t) alone and computes its softmax while the tensor cores still
-// run P V: FA3's overlap of the softmax with the other matmul, inside a warpgroup. The element rule, the schedule of
-// visited tiles and the output are the FA2 forward's (csrc/fa2/fwd.cuh), and so is the online softmax, reordered
-// around the wait for P V (its max and P first, O's rescale after).
+// FA3 forward (Hopper, sm90a): one block per (query tile of 128 rows, document, head) of three warpgroups, as in
+// FA3: a producer that issues every copy (TMA, tma.cuh) and two consumers of 64 query rows each. The producer gives
+// its registers to the consumers (warps.cuh). S = Q K^T and O += P V run on wgmma (wgmma.cuh): Q, K and V in
+// swizzled shared memory, P straight from the registers S was computed in. Per visited key tile t, each consumer
+// issues S(t) and then O += P(t-1) V(t-1), both asynchronous, waits for S(t) alone and computes its softmax while
+// the tensor cores still run P V: FA3's overlap inside a warpgroup. Between the two consumers, ping-pong: each issues
+// its MMAs only in its turn, which the other hands over after issuing its own, so that one's softmax runs beside the
+// other's MMAs. The element rule, the schedule of visited tiles and the output are the FA2 forward's
+// (csrc/fa2/fwd.cuh), and so is the online softmax, reordered around the wait for P V (its max and P first, O's
+// rescale after).
 //
-// Copies are TMA (tma.cuh) issued by one thread (no producer warp yet): K(t+1) and V(t) load while tile t computes,
-// into two buffers each, on one mbarrier per buffer pair; one block barrier per tile frees the buffers. Tile 0's
-// copies go out with Q's and K(0)'s, so that a short visit list (a sliding window's 9 tiles) starts with them all
-// in flight.
+// K and V have two buffers each, each buffer a pair of mbarriers: full (the copy landed) and empty (every consumer
+// warp is done with it), so the producer runs ahead of the consumers by up to two tiles and the consumers never wait
+// for each other's buffers.
 #pragma once
 
 #include "../fa2/fwd.cuh"
 #include "tma.cuh"
+#include "warps.cuh"
 #include "wgmma.cuh"
 
 namespace legalpt::fa3 {
@@ -24,15 +27,24 @@ using fa2::Visits;
 
 template <typename T, int D>
 struct FwdTraits {
-  static constexpr int kWarpGroups = 2;
-  static constexpr int kBlockM = 64 * kWarpGroups;  // query rows per block
-  // Keys per tile: S (64 x 128) and O (64 x D) accumulators and P's fragments fit the 255 registers at D = 128.
+  static constexpr int kConsumers = 2;              // consumer warpgroups, 64 query rows each
+  static constexpr int kBlockM = 64 * kConsumers;  // query rows per block
+  // Keys per tile: S (64 x 128) and O (64 x D) accumulators and P's fragments fit a consumer's 240 registers at
+  // D = 128.
   static constexpr int kBlockN = 128;
-  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  // Registers per thread: 24 for the producer, 240 for the consumers (24 + 2 x 240 = 504 of 512 per lane quartet)
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
   static constexpr int kTileBytes = kBlockN * D * sizeof(T);  // one K or V tile
-  // Q, then K and V twice each; 3 mbarriers; 1024 bytes of slack to align the tiles to the swizzle's period
-  static constexpr int kSmem = kBlockM * D * sizeof(T) + 4 * kTileBytes + 3 * sizeof(uint64_t) + 1024;
+  // mbarriers: Q's; K's and V's full and empty, per buffer
+  static constexpr int kBarriers = 9;
+  // Q, then K and V twice each; the mbarriers; 1024 bytes of slack to align the tiles to the swizzle's period
+  static constexpr int kSmem = kBlockM * D * sizeof(T) + 4 * kTileBytes + kBarriers * sizeof(uint64_t) + 1024;
 };
+
+// Named barriers of the consumers (ids; 0 is __syncthreads'): every consumer thread, and each consumer's turn.
+enum FwdNamedBarrier { kConsumersSync = 1, kTurn0 = 2 };
 
 // The forward's arguments: fa2's, and the tensor maps of its TMA copies and of O's stores (boxes of 128 rows).
 struct FwdArgs {
@@ -81,48 +93,57 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   static_assert(D == 64 || D == 128, "the fa3 forward is instantiated for head dims 64 and 128");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a and the CPU emulation
   using Tr = FwdTraits<T, D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, kConsumerThreads = Tr::kConsumerThreads;
   static_assert(BM == BN, "Q, K and V share the tensor maps' box of 128 rows");
   const Params& p = a.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* sQ = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BM, D), swizzled
   unsigned char* sK = sQ + BM * D * sizeof(T);                    // 2 x (BN, D)
   unsigned char* sV = sK + 2 * Tr::kTileBytes;                    // 2 x (BN, D)
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sV + 2 * Tr::kTileBytes);  // Q and K(0)'s; then per buffer pair
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sV + 2 * Tr::kTileBytes);
+  uint64_t *q_full = bars, *k_full = bars + 1, *v_full = bars + 3, *k_empty = bars + 5, *v_empty = bars + 7;
 
   const int m_blk = gridDim.x - 1 - blockIdx.x;  // the last query tiles see the most keys under causal: start them first
   const int b = blockIdx.y, h = blockIdx.z, hk = h / p.kv_group;
   const Document doc = fa2::document(p, b);
   if (m_blk * BM >= doc.lq) return;
-  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const int i0 = m_blk * BM + 64 * wg + 16 * (threadIdx.x / 32 % 4) + lane / 4;  // the thread's rows: i0, i0 + 8
   const Visits vis = fa2::visits(p.schedule, b, h, m_blk);
 
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 3; ++i) mbar_init(bars + i);
+    for (int i = 0; i < 5; ++i) mbar_init(bars + i);
+    for (int i = 5; i < 9; ++i) mbar_init(bars + i, kConsumerThreads / 32);  // one arrival per consumer warp
     mbar_fence_init();
   }
-  __syncthreads();  // the barriers are initialized
-  // A tile of `map`'s rows from `row` of this document into the swizzled (128, D) tile at `dst`, on `bar`
+  __syncthreads();  // the barriers are initialized; the warpgroups part here
   const int batch = p.cu_seqlens_q == nullptr ? b : 0;  // the tensor maps' batch coordinate (one packed row: 0)
-  const auto load = [&](unsigned char* dst, const TensorMap& map, int head, int row, uint64_t* bar) {
+
+  if (threadIdx.x < 128) {  // the producer: one thread issues every copy, in the order the consumers need them
+    registers_down<Tr::kProducerRegisters>();
+    if (threadIdx.x != 0 || vis.count == 0) return;  // without a visited key tile the output is written from no copy
+    // A tile of `map`'s rows from `row` of this document into the swizzled (128, D) tile at `dst`, on `bar`
+    const auto load = [&](unsigned char* dst, const TensorMap& map, int head, int row, uint64_t* bar) {
 #pragma unroll
-    for (int c = 0; c < D / 64; ++c) tma_load(dst + c * BN * 128, map, 64 * c, head, row, batch, bar);
-  };
-  // Copies of tile t: K(t+1) and V(t), on barrier 1 + t % 2 into the buffers (t+1) % 2 and t % 2
-  const auto issue_copies = [&](int t) {
-    const bool k_next = t + 1 < vis.count;
-    mbar_expect(bars + 1 + t % 2, (k_next ? 2 : 1) * Tr::kTileBytes);
-    if (k_next) load(sK + (t + 1) % 2 * Tr::kTileBytes, a.k, hk, doc.k_start + vis.tiles[t + 1] * BN, bars + 1 + t % 2);
-    load(sV + t % 2 * Tr::kTileBytes, a.v, hk, doc.k_start + vis.tiles[t] * BN, bars + 1 + t % 2);
-  };
-  if (threadIdx.x == 0 && vis.count > 0) {  // without a visited key tile the output is written from no copy
-    mbar_expect(bars, BM * D * sizeof(T) + Tr::kTileBytes);
-    load(sQ, a.q, h, doc.q_start + m_blk * BM, bars);
-    load(sK, a.k, hk, doc.k_start + vis.tiles[0] * BN, bars);
-    issue_copies(0);  // every buffer is free: tile 0's copies fly beside Q's and K(0)'s
+      for (int c = 0; c < D / 64; ++c) tma_load(dst + c * BN * 128, map, 64 * c, head, row, batch, bar);
+    };
+    // K(t) or V(t) into buffer t % 2, once the consumers are done with its tile t - 2
+    const auto load_kv = [&](unsigned char* tiles, uint64_t* full, uint64_t* empty, const TensorMap& map, int t) {
+      if (t >= 2) mbar_wait(empty + t % 2, (t / 2 - 1) % 2);
+      mbar_expect(full + t % 2, Tr::kTileBytes);
+      load(tiles + t % 2 * Tr::kTileBytes, map, hk, doc.k_start + vis.tiles[t] * BN, full + t % 2);
+    };
+    mbar_expect(q_full, BM * D * sizeof(T));
+    load(sQ, a.q, h, doc.q_start + m_blk * BM, q_full);
+    load_kv(sK, k_full, k_empty, a.k, 0);
+    for (int t = 0; t < vis.count; ++t) {  // K runs a tile ahead of V: S(t + 1) is issued with P V(t)
+      if (t + 1 < vis.count) load_kv(sK, k_full, k_empty, a.k, t + 1);
+      load_kv(sV, v_full, v_empty, a.v, t);
+    }
+    return;
   }
 
+  registers_up<Tr::kConsumerRegisters>();
+  const int wg = threadIdx.x / 128 - 1, lane = threadIdx.x % 32;  // the consumer, 0 or 1
+  const int i0 = m_blk * BM + 64 * wg + 16 * (threadIdx.x / 32 % 4) + lane / 4;  // the thread's rows: i0, i0 + 8
   // The warpgroup's 64 rows of Q (each panel holds BM rows), and the first K and V tiles
   const uint64_t q_desc = descriptor(smem_addr(sQ) + 64 * wg * 128);
   const uint64_t k_desc = descriptor(smem_addr(sK));
@@ -132,24 +153,24 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   uint32_t pa[BN / 16][4];  // P of the latest tile, as A fragments
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // log2 domain; row_sum: this thread's part
   float s[BN / 8][4];
-  // Rows of key tile t's K or V (landed at `tile`) past a varlen document's end zeroed (zero_rows); a barrier follows
-  const auto past_document = [&](unsigned char* tile, int t) {
-    const int valid = doc.lk - vis.tiles[t] * BN;
-    if (p.cu_seqlens_k != nullptr && valid < BN) {
-      zero_rows<BN, D, Tr::kThreads>(tile, valid);
+  // Waits for K(t) (kv: K) or V(t) (V) to land. In a varlen document's last, partial tile the rows past its end
+  // are zeroed (zero_rows) by both consumers, which meet there (the condition is the same for both).
+  const auto landed = [&](bool kv, int t) {
+    unsigned char* tile = (kv ? sK : sV) + t % 2 * Tr::kTileBytes;
+    mbar_wait((kv ? k_full : v_full) + t % 2, t / 2 % 2);
+    if (const int valid = doc.lk - vis.tiles[t] * BN; p.cu_seqlens_k != nullptr && valid < BN) {
+      zero_rows<BN, D, kConsumerThreads>(tile, valid, threadIdx.x - 128);
       fence_proxy_async();
+      named_sync(kConsumersSync, kConsumerThreads);
     }
   };
-  // Before tile t (t >= 1): wait for K(t) and V(t-1) (the copies of tile t-1), then issue tile t's once every
-  // warpgroup is done with the buffers they overwrite (S(t-1) and P V(t-2) have been waited for before the block
-  // barrier)
-  const auto next_copies = [&](int t) {
-    mbar_wait(bars + 1 + (t - 1) % 2, (t - 1) / 2 % 2);
-    if (t < vis.count) past_document(sK + t % 2 * Tr::kTileBytes, t);
-    past_document(sV + (t - 1) % 2 * Tr::kTileBytes, t - 1);
-    __syncthreads();
-    if (threadIdx.x == 0 && t < vis.count) issue_copies(t);
+  // The consumer's warps are done with buffer t % 2 of K (kv) or V: one arrival per warp
+  const auto release = [&](bool kv, int t) {
+    if (lane == 0) mbar_arrive((kv ? k_empty : v_empty) + t % 2);
   };
+  // Ping-pong: a consumer issues its MMAs between its turn's start and the other's
+  const auto my_turn = [&] { named_sync(kTurn0 + wg, kConsumerThreads); };
+  const auto your_turn = [&] { named_arrive(kTurn0 + (1 - wg), kConsumerThreads); };
   const auto issue_s = [&](int t) {  // S = Q K(t)^T; 16 columns of D are 32 bytes of a line, 64 columns a panel
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -165,39 +186,47 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   };
 
   if (vis.count > 0) {
-    mbar_wait(bars, 0);  // Q and K(0)
-    if (p.cu_seqlens_k != nullptr && doc.lk - vis.tiles[0] * BN < BN) {  // uniform over the block
-      past_document(sK, 0);
-      __syncthreads();
-    }
+    if (wg == 1) your_turn();  // consumer 0 goes first
+    mbar_wait(q_full, 0);
+    landed(true, 0);
+    my_turn();
     wgmma_fence();
     issue_s(0);
+    your_turn();
     wgmma_wait<0>();
+    release(true, 0);
     pin<BN / 8>(s);
     online_softmax<T, D, BN, kGeneral>(p, s, o, pa, row_max, row_sum, 0, vis, i0, doc, b, h, false);
   }
   for (int t = 1; t < vis.count; ++t) {
-    next_copies(t);
+    landed(true, t);
+    landed(false, t - 1);
     pin<D / 8>(o);
+    my_turn();
     wgmma_fence();
     issue_s(t);
     issue_pv(t - 1);
+    your_turn();
     wgmma_wait<1>();  // S(t) is done; P V of the previous tile may still run
+    release(true, t);
     pin<BN / 8>(s);
     online_softmax<T, D, BN, kGeneral>(p, s, o, pa, row_max, row_sum, t, vis, i0, doc, b, h, true);
+    release(false, t - 1);  // the softmax waited for P V(t - 1)
   }
   if (vis.count > 0) {
-    next_copies(vis.count);
+    landed(false, vis.count - 1);
     pin<D / 8>(o);
+    my_turn();
     wgmma_fence();
     issue_pv(vis.count - 1);
+    if (wg == 0) your_turn();  // consumer 1's last turn is not awaited: its arrival would be left over
     wgmma_wait<0>();
     pin<D / 8>(o);
   }
 
   const float2 inv = fa2::finish_rows(p, row_max, row_sum, i0, doc, b, h);
-  // A whole query tile's O goes out by TMA from Q's buffer, free since the last S (the copies' barrier): 128-byte
-  // lines instead of every thread's 4-byte stores. A tile past a varlen document's end keeps fa2's stores.
+  // A whole query tile's O goes out by TMA from Q's buffer (each consumer's own rows of it, which only its S read):
+  // 128-byte lines instead of every thread's 4-byte stores. A tile past a varlen document's end keeps fa2's stores.
   if (p.cu_seqlens_q == nullptr || (m_blk + 1) * BM <= doc.lq) {
 #pragma unroll
     for (int d = 0; d < D / 8; ++d)
@@ -205,8 +234,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       for (int c = 0; c < 4; ++c) o[d][c] *= c < 2 ? inv.x : inv.y;
     store_swizzled<T, BM, D>(sQ, o, 64 * wg + 16 * (threadIdx.x / 32 % 4));
     fence_proxy_async();
-    __syncthreads();  // both warpgroups' rows are stored
-    if (threadIdx.x == 0) {
+    named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
+    if (threadIdx.x == 128) {
 #pragma unroll
       for (int c = 0; c < D / 64; ++c) tma_store(a.o, sQ + c * BM * 128, 64 * c, h, doc.q_start + m_blk * BM, batch);
       tma_store_drain();

@@ -25,8 +25,9 @@ struct alignas(64) TensorMap {
   uint64_t opaque[16];  // a CUtensorMap, filled on the host by cuTensorMapEncodeTiled (host.h)
 };
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {  // one arrival per phase: the thread that issues
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+// `arrivals` per phase: 1 for a barrier of copies (the issuing thread's), the consumers' for one that frees a buffer.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int arrivals = 1) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
 }
 // Makes the initialization visible to the async proxy (the copies' completions); a block barrier follows.
 __device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
@@ -34,6 +35,10 @@ __device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier
 __device__ __forceinline__ void mbar_expect(uint64_t* bar, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
                : "memory");
+}
+// A plain arrival: a consumer is done with the buffer the barrier guards.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 // Until the phase of parity `phase` has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int phase) {
@@ -128,9 +133,10 @@ inline TensorMap make_tensor_map(const void* base, bool bf16, const int64_t (&di
   return {static_cast<const unsigned char*>(base), {dims[0], dims[1], dims[2], dims[3]},
           {2 * strides[0], 2 * strides[1], 2 * strides[2]}, box_rows, 2};
 }
-inline void mbar_init(uint64_t* bar) { emu::mbarrier(bar) = emu::Mbarrier{}; }
+inline void mbar_init(uint64_t* bar, int arrivals = 1) { emu::mbarrier(bar) = emu::Mbarrier{arrivals}; }
 inline void mbar_fence_init() {}
-inline void mbar_expect(uint64_t* bar, int bytes) { emu::mbarrier(bar).expect(bytes); }
+inline void mbar_expect(uint64_t* bar, int bytes) { emu::mbarrier(bar).arrive(bytes); }
+inline void mbar_arrive(uint64_t* bar) { emu::mbarrier(bar).arrive(0); }
 inline void mbar_wait(uint64_t* bar, int phase) { emu::mbarrier(bar).wait(phase); }
 inline void tma_load(void* dst, const TensorMap& map, int col, int head, int row, int batch, uint64_t* bar) {
   unsigned char* out = static_cast<unsigned char*>(dst);
@@ -161,15 +167,15 @@ inline void tma_store_drain() {}
 
 // Rows [valid, ROWS) of a swizzled (ROWS, D) tile to zero: the rows a box brought from past a varlen document's
 // end, which hold the next document's values, so that a non-finite one cannot reach this document through a zero
-// probability (0 x Inf is NaN). Every thread of the block takes part; a proxy fence and a block barrier must follow
-// before wgmma reads the tile.
+// probability (0 x Inf is NaN). THREADS threads take part, `thread` this one's index among them; a proxy fence and a
+// barrier of those threads must follow before wgmma reads the tile.
 template <int ROWS, int D, int THREADS>
-__device__ __forceinline__ void zero_rows(unsigned char* tile, int valid) {
+__device__ __forceinline__ void zero_rows(unsigned char* tile, int valid, int thread) {
   struct alignas(16) Chunk {
     uint32_t x[4];
   };
   constexpr int kChunks = D / 8;  // 16-byte chunks of a row, over its panels
-  for (int at = threadIdx.x; at < (ROWS - valid) * kChunks; at += THREADS)
+  for (int at = thread; at < (ROWS - valid) * kChunks; at += THREADS)
     *reinterpret_cast<Chunk*>(tile + swizzled<ROWS>(valid + at / kChunks, at % kChunks)) = Chunk{};
 }
 

@@ -1,0 +1,43 @@
+// Warp specialization (Hopper): a producer warpgroup issues the TMA copies and consumer warpgroups compute, as in
+// FA3. The producer gives most of its registers to the consumers (setmaxnreg), and the consumers meet at named
+// barriers of their own threads alone, which the producer never reaches.
+#pragma once
+
+#include "../common/ptx.cuh"
+
+namespace legalpt::fa3 {
+
+#ifndef LEGALPT_EMULATE
+// The warpgroup's registers per thread lowered to N (the producer), or raised to N (the consumers): every warp of
+// the warpgroup executes it.
+template <int N>
+__device__ __forceinline__ void registers_down() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void registers_up() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// Named barrier `id` (1-15; 0 is __syncthreads') of `threads` threads: arrive and wait, or arrive only.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+#else
+template <int N>
+inline void registers_down() {}
+template <int N>
+inline void registers_up() {}
+inline void named_sync(int id, int threads) {
+  emu::block.named[id].expected = threads;
+  emu::block.named[id].arrive();
+}
+inline void named_arrive(int id, int threads) {
+  emu::block.named[id].expected = threads;
+  emu::block.named[id].arrive_only();
+}
+#endif
+
+}  // namespace legalpt::fa3
