@@ -16,6 +16,8 @@
 // a second stage.
 #pragma once
 
+#include <type_traits>
+
 #include "../fa2/bwd.cuh"
 #include "fwd.cuh"
 #include "tma.cuh"
@@ -82,11 +84,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   const int batch = p.cu_seqlens_q == nullptr ? b : 0;  // the tensor maps' batch coordinate (one packed row: 0)
   if (threadIdx.x == 0) {
     mbar_expect(bars, 2 * Tr::kKeyTileBytes);
-#pragma unroll
-    for (int c = 0; c < D / 64; ++c) {
-      tma_load(sK + c * BN * 128, a.k, 64 * c, hk, doc.k_start + n_blk * BN, batch, bars);
-      tma_load(sV + c * BN * 128, a.v, 64 * c, hk, doc.k_start + n_blk * BN, batch, bars);
-    }
+    tma_load_tile<BN, D>(sK, a.k, hk, doc.k_start + n_blk * BN, batch, bars);
+    tma_load_tile<BN, D>(sV, a.v, hk, doc.k_start + n_blk * BN, batch, bars);
   }
 
   // Copies of one query tile of one head into stage `stage`: Q and dO by TMA (rows past the document hold the next
@@ -95,12 +94,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     const int h = hk * p.kv_group + w.g, valid = doc.lq - w.tile * BM;
     if (threadIdx.x == 0) {
       mbar_expect(bars + 1 + stage, 2 * Tr::kQueryTileBytes);
-#pragma unroll
-      for (int c = 0; c < D / 64; ++c) {
-        const int at = stage * Tr::kQueryTileBytes + c * BM * 128;
-        tma_load(sQ0 + at, a.q, 64 * c, h, doc.q_start + w.tile * BM, batch, bars + 1 + stage);
-        tma_load(sdO0 + at, a.dout, 64 * c, h, doc.q_start + w.tile * BM, batch, bars + 1 + stage);
-      }
+      const int at = stage * Tr::kQueryTileBytes;
+      tma_load_tile<BM, D>(sQ0 + at, a.q, h, doc.q_start + w.tile * BM, batch, bars + 1 + stage);
+      tma_load_tile<BM, D>(sdO0 + at, a.dout, h, doc.q_start + w.tile * BM, batch, bars + 1 + stage);
     }
     if (const int r = threadIdx.x; r < BM) {
       const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + w.tile * BM + r;
@@ -123,21 +119,25 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   fa2::BwdWork next = work;
   fa2::advance(p, next, b, hk, n_blk, chunk);
   if (work.g < p.kv_group) load_query_tile(work, 0);
-  mbar_wait(bars, 0);  // K and V
-  if (p.cu_seqlens_k != nullptr && (n_blk + 1) * BN > doc.lk) {  // rows past the document (zero_rows)
-    zero_rows<BN, D, Tr::kThreads>(sK, doc.lk - n_blk * BN, threadIdx.x);
-    zero_rows<BN, D, Tr::kThreads>(sV, doc.lk - n_blk * BN, threadIdx.x);
+  // Rows [valid, ROWS) of the landed tiles at `x` and `y` zeroed (zero_rows): the rows a box brought from past a
+  // varlen document's end. A block barrier must follow.
+  const auto zero_past_document = [&](auto rows, unsigned char* x, unsigned char* y, int valid) {
+    zero_rows<decltype(rows)::value, D, Tr::kThreads>(x, valid, threadIdx.x);
+    zero_rows<decltype(rows)::value, D, Tr::kThreads>(y, valid, threadIdx.x);
     fence_proxy_async();
+  };
+  mbar_wait(bars, 0);  // K and V
+  if (p.cu_seqlens_k != nullptr && (n_blk + 1) * BN > doc.lk) {
+    zero_past_document(std::integral_constant<int, BN>{}, sK, sV, doc.lk - n_blk * BN);
     __syncthreads();
   }
   for (int it = 0; work.g < p.kv_group; ++it) {
     const int stage = it % 2;
     cp_async_wait<0>();
     mbar_wait(bars + 1 + stage, (it / 2) % 2);  // the stage's Q and dO; each stage's barrier completes every second tile
-    if (p.cu_seqlens_q != nullptr && (work.tile + 1) * BM > doc.lq) {  // rows past the document (zero_rows)
-      zero_rows<BM, D, Tr::kThreads>(sQ0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM, threadIdx.x);
-      zero_rows<BM, D, Tr::kThreads>(sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM, threadIdx.x);
-      fence_proxy_async();
+    if (p.cu_seqlens_q != nullptr && (work.tile + 1) * BM > doc.lq) {
+      zero_past_document(std::integral_constant<int, BM>{}, sQ0 + stage * Tr::kQueryTileBytes,
+                         sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM);
     }
     __syncthreads();  // this stage has landed; every warpgroup is done with the other stage and dS^T
     if (next.g < p.kv_group) load_query_tile(next, stage ^ 1);
@@ -253,11 +253,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     fence_proxy_async();
     __syncthreads();  // both warpgroups' rows are stored
     if (threadIdx.x == 0) {
-#pragma unroll
-      for (int c = 0; c < D / 64; ++c) {
-        tma_store(a.dk, sQ0 + c * BN * 128, 64 * c, hk, doc.k_start + n_blk * BN, batch);
-        tma_store(a.dv, sdO0 + c * BN * 128, 64 * c, hk, doc.k_start + n_blk * BN, batch);
-      }
+      tma_store_tile<BN, D>(a.dk, sQ0, hk, doc.k_start + n_blk * BN, batch);
+      tma_store_tile<BN, D>(a.dv, sdO0, hk, doc.k_start + n_blk * BN, batch);
       tma_store_drain();
     }
   } else {

@@ -120,19 +120,14 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   if (threadIdx.x < 128) {  // the producer: one thread issues every copy, in the order the consumers need them
     registers_down<Tr::kProducerRegisters>();
     if (threadIdx.x != 0 || vis.count == 0) return;  // without a visited key tile the output is written from no copy
-    // A tile of `map`'s rows from `row` of this document into the swizzled (128, D) tile at `dst`, on `bar`
-    const auto load = [&](unsigned char* dst, const TensorMap& map, int head, int row, uint64_t* bar) {
-#pragma unroll
-      for (int c = 0; c < D / 64; ++c) tma_load(dst + c * BN * 128, map, 64 * c, head, row, batch, bar);
-    };
     // K(t) or V(t) into buffer t % 2, once the consumers are done with its tile t - 2
     const auto load_kv = [&](unsigned char* tiles, uint64_t* full, uint64_t* empty, const TensorMap& map, int t) {
       if (t >= 2) mbar_wait(empty + t % 2, (t / 2 - 1) % 2);
       mbar_expect(full + t % 2, Tr::kTileBytes);
-      load(tiles + t % 2 * Tr::kTileBytes, map, hk, doc.k_start + vis.tiles[t] * BN, full + t % 2);
+      tma_load_tile<BN, D>(tiles + t % 2 * Tr::kTileBytes, map, hk, doc.k_start + vis.tiles[t] * BN, batch, full + t % 2);
     };
     mbar_expect(q_full, BM * D * sizeof(T));
-    load(sQ, a.q, h, doc.q_start + m_blk * BM, q_full);
+    tma_load_tile<BM, D>(sQ, a.q, h, doc.q_start + m_blk * BM, batch, q_full);
     load_kv(sK, k_full, k_empty, a.k, 0);
     for (int t = 0; t < vis.count; ++t) {  // K runs a tile ahead of V: S(t + 1) is issued with P V(t)
       if (t + 1 < vis.count) load_kv(sK, k_full, k_empty, a.k, t + 1);
@@ -236,8 +231,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     fence_proxy_async();
     named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
     if (threadIdx.x == 128) {
-#pragma unroll
-      for (int c = 0; c < D / 64; ++c) tma_store(a.o, sQ + c * BM * 128, 64 * c, h, doc.q_start + m_blk * BM, batch);
+      tma_store_tile<BM, D>(a.o, sQ, h, doc.q_start + m_blk * BM, batch);
       tma_store_drain();
     }
   } else {

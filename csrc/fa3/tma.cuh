@@ -165,6 +165,21 @@ inline void tma_store(const TensorMap& map, const void* src, int col, int head, 
 inline void tma_store_drain() {}
 #endif
 
+// A whole swizzled (ROWS, D) tile, its D / 64 panels of ROWS lines one box each: rows [row, row + ROWS) of head
+// `head` of `map` into `dst` on `bar`, or from `src` (one bulk group of this thread's stores).
+template <int ROWS, int D>
+__device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TensorMap& map, int head, int row, int batch,
+                                              uint64_t* bar) {
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c) tma_load(dst + c * ROWS * 128, map, 64 * c, head, row, batch, bar);
+}
+template <int ROWS, int D>
+__device__ __forceinline__ void tma_store_tile(const TensorMap& map, const unsigned char* src, int head, int row,
+                                               int batch) {
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c) tma_store(map, src + c * ROWS * 128, 64 * c, head, row, batch);
+}
+
 // Rows [valid, ROWS) of a swizzled (ROWS, D) tile to zero: the rows a box brought from past a varlen document's
 // end, which hold the next document's values, so that a non-finite one cannot reach this document through a zero
 // probability (0 x Inf is NaN). THREADS threads take part, `thread` this one's index among them; a proxy fence and a
