@@ -30,7 +30,82 @@ struct EmulatedLaunch {
 
 namespace legalpt::fa3 {
 alignas(1024) unsigned char smem_raw[227 * 1024];  // the fa3 kernels' (wgmma.cuh decodes addresses within it)
+
+// Small kernels of 64 threads (two warps) that pin down the emulation's synchronization, one per named check; each
+// writes what warp 1 saw into out[block]. Run over 4 blocks, one per schedule of emulate.h.
+namespace checks {
+
+struct Args {
+  int* out;
+};
+
+// Warp 0 writes 1 and arrives at named barrier 1; warp 1 waits there, then reads: 1, whichever warp runs first.
+void named_barrier(Args a) {
+  int* word = reinterpret_cast<int*>(smem_raw);
+  if (threadIdx.x == 0) *word = 0;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    if (threadIdx.x == 0) *word = 1;
+    named_arrive(1, 64);
+  } else {
+    named_sync(1, 64);
+    if (threadIdx.x == 32) a.out[blockIdx.x] = *word;
+  }
 }
+
+// Warp 1 arrives at named barrier 1 and nobody waits: the launch raises.
+void named_barrier_left_over(Args) {
+  if (threadIdx.x >= 32) named_arrive(1, 64);
+}
+
+// An mbarrier of two arrivals: thread 0 arrives and waits; thread 32 writes 1, then arrives. The phase completes only
+// with the second arrival, so thread 0 reads 1.
+void mbarrier_arrivals(Args a) {
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + 64);
+  int* word = reinterpret_cast<int*>(smem_raw);
+  if (threadIdx.x == 0) {
+    *word = 0;
+    mbar_init(bar, 2);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbar_arrive(bar);
+    mbar_wait(bar, 0);
+    a.out[blockIdx.x] = *word;
+  } else if (threadIdx.x == 32) {
+    *word = 1;
+    mbar_arrive(bar);
+  }
+}
+
+// Three arrivals at an mbarrier of two within one phase (the third comes before anyone waits): the launch raises.
+void mbarrier_extra_arrival(Args) {
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + 64);
+  if (threadIdx.x == 0) mbar_init(bar, 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbar_expect(bar, 16);  // one arrival, and 16 bytes that never come: the phase stays open
+    mbar_arrive(bar);
+  }
+}
+
+}  // namespace checks
+
+// Runs check `name` over 4 blocks (every schedule); what warp 1 saw in each block.
+inline at::Tensor check_emulation(const std::string& name) {
+  const std::unordered_map<std::string, void (*)(checks::Args)> kernels = {
+      {"named_barrier", checks::named_barrier},
+      {"named_barrier_left_over", checks::named_barrier_left_over},
+      {"mbarrier_arrivals", checks::mbarrier_arrivals},
+      {"mbarrier_extra_arrival", checks::mbarrier_extra_arrival},
+  };
+  const auto kernel = kernels.find(name);
+  TORCH_CHECK(kernel != kernels.end(), "check_emulation: no check named '", name, "'");
+  at::Tensor out = at::full({4}, -1, at::kInt);
+  emu::launch(kernel->second, dim3(4), 64, checks::Args{out.data_ptr<int>()});
+  return out;
+}
+}  // namespace legalpt::fa3
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using legalpt::fa2::EmulatedLaunch;
@@ -41,4 +116,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward", &host::backward<EmulatedLaunch>, "FA2 attention backward, emulated on the CPU");
   m.def("forward_fa3", &host::forward<EmulatedLaunch, true>, "the Hopper forward (d64, d128), emulated on the CPU");
   m.def("backward_fa3", &host::backward<EmulatedLaunch, true>, "the Hopper backward (d64, d128), emulated");
+  m.def("check_emulation", &legalpt::fa3::check_emulation, "runs one of the emulation's synchronization checks");
 }

@@ -191,3 +191,16 @@ def test_emulated_varlen_with_an_empty_document(backend: str, rng):
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 def test_emulated_varlen_documents_stay_apart(backend: str, rng):
     assert_documents_stay_apart(backend, 64, "cpu")
+
+
+def test_emulation_synchronizes_as_the_hardware():
+    """The emulation's named barriers and counted mbarriers (the warp-specialized fa3 kernels' synchronization):
+    a waiter sees what was written before the arrivals it waited for, under every schedule; an arrival nobody waits
+    for, and one more arrival than an mbarrier's count, raise instead of passing silently."""
+    ext = kernels.fa2_emulated(64)
+    assert ext.check_emulation("named_barrier").tolist() == [1, 1, 1, 1]
+    assert ext.check_emulation("mbarrier_arrivals").tolist() == [1, 1, 1, 1]
+    with pytest.raises(RuntimeError, match="named barrier with unmatched arrivals"):
+        ext.check_emulation("named_barrier_left_over")
+    with pytest.raises(RuntimeError, match="arrived at an mbarrier again"):
+        ext.check_emulation("mbarrier_extra_arrival")
