@@ -34,7 +34,7 @@ struct FwdTraits {
   static constexpr int kBlockN = 128;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
   static constexpr int kConsumerThreads = 128 * kConsumers;
-  // Registers per thread: 24 for the producer, 240 for the consumers (24 + 2 x 240 = 504 of 512 per lane quartet)
+  // Registers per thread: 24 for the producer, 240 for the consumers (128 x (24 + 2 x 240) = 64 512 of the SM's 65 536)
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
   static constexpr int kTileBytes = kBlockN * D * sizeof(T);  // one K or V tile
   // mbarriers: Q's; K's and V's full and empty, per buffer
