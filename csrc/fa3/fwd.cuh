@@ -124,7 +124,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     const auto load_kv = [&](unsigned char* tiles, uint64_t* full, uint64_t* empty, const TensorMap& map, int t) {
       if (t >= 2) mbar_wait(empty + t % 2, (t / 2 - 1) % 2);
       mbar_expect(full + t % 2, Tr::kTileBytes);
-      tma_load_tile<BN, D>(tiles + t % 2 * Tr::kTileBytes, map, hk, doc.k_start + vis.tiles[t] * BN, batch, full + t % 2);
+      tma_load_tile<BN, D>(tiles + t % 2 * Tr::kTileBytes, map, hk, doc.k_start + vis.tiles[t] * BN, batch,
+                           full + t % 2);
     };
     mbar_expect(q_full, BM * D * sizeof(T));
     tma_load_tile<BM, D>(sQ, a.q, h, doc.q_start + m_blk * BM, batch, q_full);
