@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <type_traits>
 #include <unordered_map>
@@ -253,7 +254,7 @@ inline void Barrier::arrive() {
 // at a time, a warpgroup's barrier. A warp barrier completes within the warp's own turn, so it never parks.
 inline bool parked(const Fiber& f, bool warpgroups) {
   if (f.waiting_on == nullptr || f.waiting_on->generation != f.wait_generation) return false;
-  const bool named = f.waiting_on >= block.named && f.waiting_on < block.named + 16;
+  const bool named = f.waiting_on >= std::begin(block.named) && f.waiting_on < std::end(block.named);
   if (f.waiting_on == &block.block_barrier || f.waiting_on->async || named) return true;
   const bool warp_barrier = f.waiting_on >= &block.warp_barriers.front() && f.waiting_on <= &block.warp_barriers.back();
   return !warp_barrier && !warpgroups;

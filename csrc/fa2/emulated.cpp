@@ -32,7 +32,7 @@ namespace legalpt::fa3 {
 alignas(1024) unsigned char smem_raw[227 * 1024];  // the fa3 kernels' (wgmma.cuh decodes addresses within it)
 
 // Small kernels of 64 threads (two warps) that pin down the emulation's synchronization, one per named check; each
-// writes what warp 1 saw into out[block]. Run over 4 blocks, one per schedule of emulate.h.
+// writes what its waiting thread saw into out[block]. Run over 4 blocks, one per schedule of emulate.h.
 namespace checks {
 
 struct Args {
@@ -91,7 +91,7 @@ void mbarrier_extra_arrival(Args) {
 
 }  // namespace checks
 
-// Runs check `name` over 4 blocks (every schedule); what warp 1 saw in each block.
+// Runs check `name` over 4 blocks (every schedule); what the waiting thread saw in each block.
 inline at::Tensor check_emulation(const std::string& name) {
   const std::unordered_map<std::string, void (*)(checks::Args)> kernels = {
       {"named_barrier", checks::named_barrier},

@@ -138,29 +138,25 @@ inline void mbar_fence_init() {}
 inline void mbar_expect(uint64_t* bar, int bytes) { emu::mbarrier(bar).arrive(bytes); }
 inline void mbar_arrive(uint64_t* bar) { emu::mbarrier(bar).arrive(0); }
 inline void mbar_wait(uint64_t* bar, int phase) { emu::mbarrier(bar).wait(phase); }
+// A box line's 16-byte chunk c (of 8): its global address, or nullptr where it lies past the tensor.
+inline unsigned char* box_chunk(const TensorMap& map, int col, int head, int row, int batch, int c) {
+  if (row >= map.dims[2] || head >= map.dims[1] || batch >= map.dims[3] || col + 8 * c >= map.dims[0]) return nullptr;
+  return const_cast<unsigned char*>(map.base) + batch * map.strides[2] + row * map.strides[1] +
+         head * map.strides[0] + col * map.element_bytes + 16 * c;
+}
 inline void tma_load(void* dst, const TensorMap& map, int col, int head, int row, int batch, uint64_t* bar) {
   unsigned char* out = static_cast<unsigned char*>(dst);
-  const int line = 64 * map.element_bytes;  // 128 bytes
-  for (int r = 0; r < map.box_rows; ++r) {
-    const bool inside = row + r < map.dims[2] && head < map.dims[1] && batch < map.dims[3];
-    const unsigned char* from = map.base + batch * map.strides[2] + (row + r) * map.strides[1] + head * map.strides[0] +
-                                col * map.element_bytes;
-    for (int c = 0; c < line / 16; ++c) {
-      const bool columns = col + 8 * c < map.dims[0];
-      emu::mbarrier(bar).copy(out + swizzled<64>(r, c), inside && columns ? from + 16 * c : nullptr);
-    }
-  }
+  for (int r = 0; r < map.box_rows; ++r)
+    for (int c = 0; c < 8; ++c)
+      emu::mbarrier(bar).copy(out + swizzled<64>(r, c), box_chunk(map, col, head, row + r, batch, c));
 }
 inline void tma_store(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
   const unsigned char* in = static_cast<const unsigned char*>(src);
-  unsigned char* base = const_cast<unsigned char*>(map.base);
-  for (int r = 0; r < map.box_rows; ++r) {
-    if (row + r >= map.dims[2] || head >= map.dims[1] || batch >= map.dims[3]) continue;
-    unsigned char* to = base + batch * map.strides[2] + (row + r) * map.strides[1] + head * map.strides[0] +
-                        col * map.element_bytes;
-    for (int c = 0; c < 64 * map.element_bytes / 16; ++c)
-      if (col + 8 * c < map.dims[0]) std::memcpy(to + 16 * c, in + swizzled<64>(r, c), 16);
-  }
+  for (int r = 0; r < map.box_rows; ++r)
+    for (int c = 0; c < 8; ++c)
+      if (unsigned char* to = box_chunk(map, col, head, row + r, batch, c)) {
+        std::memcpy(to, in + swizzled<64>(r, c), 16);
+      }
 }
 inline void tma_store_drain() {}
 #endif
