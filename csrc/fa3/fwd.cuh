@@ -43,8 +43,6 @@ struct FwdTraits {
   static constexpr int kSmem = kBlockM * D * sizeof(T) + 4 * kTileBytes + kBarriers * sizeof(uint64_t) + 1024;
 };
 
-// Named barriers of the consumers (ids; 0 is __syncthreads'): every consumer thread, and each consumer's turn.
-enum FwdNamedBarrier { kConsumersSync = 1, kTurn0 = 2 };
 
 // The forward's arguments: fa2's, and the tensor maps of its TMA copies and of O's stores (boxes of 128 rows).
 struct FwdArgs {

@@ -43,6 +43,22 @@ __device__ __forceinline__ void store_swizzled(unsigned char* dst, const float (
     }
 }
 
+// A warp's 16 x 64 float32 accumulator tile (rows from `row0`, columns from `col0`) into the swizzled float32
+// (ROWS, D) tile at `dst`: D / 32 panels of (ROWS, 32), a 128-byte line per row, 16-byte chunks swizzled as above
+// (the backward's dQ on its way to a TMA reduction).
+template <int ROWS>
+__device__ __forceinline__ void store_swizzled_f32(unsigned char* dst, const float (&x)[8][4], int row0, int col0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + lane / 4 + 8 * r, col = col0 + 8 * n + 2 * (lane % 4);
+      *reinterpret_cast<float2*>(dst + swizzled<ROWS>(row, col / 4) + 4 * (col % 4)) =
+          make_float2(x[n][2 * r], x[n][2 * r + 1]);
+    }
+}
+
 // P (64 x 128 keys of a warpgroup, float accumulators) as the A fragments of O += P V, one per 16 keys.
 template <typename T, int BN>
 __device__ __forceinline__ void to_fragments(const float (&s)[BN / 8][4], uint32_t (&a)[BN / 16][4]) {
