@@ -83,7 +83,8 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
       for (int rows = 0; rows < BM; rows += 64)
 #pragma unroll
         for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128 + rows * 128, 32 * c, h, row + rows, batch);
-      tma_store_drain();  // the reductions have read sdQ
+      bulk_commit();
+      bulk_wait_read<0>();  // the reductions have read sdQ
     }
     __syncwarp();
   }
@@ -317,7 +318,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     if (thread == 0) {
       tma_store_tile<BN, D>(a.dk, sQ0, hk, doc.k_start + n_blk * BN, batch);
       tma_store_tile<BN, D>(a.dv, sdO0, hk, doc.k_start + n_blk * BN, batch);
-      tma_store_drain();
+      bulk_commit();
+      bulk_wait_read<0>();  // the stores have read shared memory before the block ends
     }
   } else {
     fa2::store_dkv<T, 1, D, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, 0, split);

@@ -230,7 +230,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
     if (threadIdx.x == 128) {
       tma_store_tile<BM, D>(a.o, sQ, h, doc.q_start + m_blk * BM, batch);
-      tma_store_drain();
+      bulk_commit();
+      bulk_wait_read<0>();  // the stores have read shared memory before the block ends
     }
   } else {
     fa2::store_rows<T, D>(p, o, inv, i0, doc, b, h);

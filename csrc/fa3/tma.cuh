@@ -87,10 +87,13 @@ __device__ __forceinline__ void tma_reduce_add(const TensorMap& map, const void*
       "r"(col), "r"(head), "r"(row), "r"(batch), "r"(smem_addr(src))
       : "memory");
 }
-// Commits this thread's stores as a group and waits until they have read shared memory: the block may then exit or
-// overwrite it, while the writes to global memory complete on their own.
-__device__ __forceinline__ void tma_store_drain() {
-  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+// This thread's stores and reductions since the last commit become a bulk group.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N of this thread's bulk groups have yet to read shared memory: the rest's may be rewritten, while
+// their writes to global memory complete on their own.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
 
 // The map of a tensor as {D, heads, rows, batches} (strides in elements between heads, rows and batches, D
@@ -185,7 +188,7 @@ inline void tma_load(void* dst, const TensorMap& map, int col, int head, int row
     }
   }
 }
-inline void tma_store(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
+inline void tma_store_now(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
   const unsigned char* in = static_cast<const unsigned char*>(src);
   unsigned char* base = const_cast<unsigned char*>(map.base);
   for (int r = 0; r < map.box_rows; ++r) {
@@ -196,7 +199,7 @@ inline void tma_store(const TensorMap& map, const void* src, int col, int head, 
       if (col + c * 16 / map.element_bytes < map.dims[0]) std::memcpy(to + 16 * c, in + swizzled<64>(r, c), 16);
   }
 }
-inline void tma_reduce_add(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
+inline void tma_reduce_add_now(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
   const unsigned char* in = static_cast<const unsigned char*>(src);
   unsigned char* base = const_cast<unsigned char*>(map.base);
   for (int r = 0; r < map.box_rows; ++r) {
@@ -210,7 +213,17 @@ inline void tma_reduce_add(const TensorMap& map, const void* src, int col, int h
     }
   }
 }
-inline void tma_store_drain() {}
+inline void tma_store(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
+  emu::bulk_issue([=, &map] { tma_store_now(map, src, col, head, row, batch); });
+}
+inline void tma_reduce_add(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
+  emu::bulk_issue([=, &map] { tma_reduce_add_now(map, src, col, head, row, batch); });
+}
+inline void bulk_commit() { emu::bulk_commit(); }
+template <int N>
+inline void bulk_wait_read() {
+  emu::bulk_wait(N);
+}
 #endif
 
 // A whole swizzled (ROWS, D) tile, its D / 64 panels of ROWS lines one box each: rows [row, row + ROWS) of head
