@@ -34,9 +34,9 @@ namespace legalpt::fa3 {
 template <typename T, int D>
 struct BwdTraits {
   static constexpr int kHeadDim = D;
-  // Query rows per visited tile: the N of S^T's and dP^T's wgmma. 128 at D = 64, where S^T and dP^T (64 x 128) fit
-  // beside dK and dV (64 x 64 each); at D = 128 those take 64 x 128 each and S^T, dP^T 64 x 64.
-  static constexpr int kBlockM = D == 64 ? 128 : 64;
+  // Query rows per visited tile: the N of S^T's and dP^T's wgmma. 64: at D = 128 dK and dV take 64 x 128 each beside
+  // S^T and dP^T (64 x 64); at D = 64, 128 rows (S^T, dP^T 64 x 128) spill at the consumers' 240 registers.
+  static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 128;  // keys per block: 64 per consumer, the M of every wgmma
   static constexpr int kThreads = 384;  // the producer warpgroup, then two consumers
   static constexpr int kConsumerThreads = 256;
@@ -45,8 +45,8 @@ struct BwdTraits {
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
   static constexpr int kDsBytes = kBlockN * kBlockM * sizeof(T);   // dS^T, one buffer
   static constexpr int kDqBytes = kBlockM * D * sizeof(float);     // dQ of a query tile, float32
-  // dQ's split between the consumers, each 64 x 64 over all keys: D's halves (BM = 64), or the query rows' (BM = 128)
-  static constexpr bool kDqByRows = kBlockM == 128;
+  // dQ's split between the consumers: each computes all BM rows of its half of D's columns, over all BN keys
+  static constexpr int kDqCols = D / 2;
   // mbarriers: K and V's; per stage, its copies' (full) and its release (empty)
   static constexpr int kBarriers = 5;
   // K, V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
@@ -183,9 +183,12 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   // The consumer's 64 keys of K and V as A operands (K-major), the dQ operands (M-major dS^T, N-major K)
   const uint64_t k_desc = descriptor(smem_addr(sK) + 64 * wg * 128);
   const uint64_t v_desc = descriptor(smem_addr(sV) + 64 * wg * 128);
-  const int dq_row0 = Tr::kDqByRows ? 64 * wg : 0, dq_col0 = Tr::kDqByRows ? 0 : 64 * wg;
-  const uint64_t ds_desc = descriptor(smem_addr(sdS0) + (dq_row0 / 64) * BN * 128);  // the panel of its 64 rows
-  const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128);    // the panel of its 64 columns
+  constexpr int kDqCols = Tr::kDqCols;
+  const int dq_col0 = kDqCols * wg;
+  const uint64_t ds_desc = descriptor(smem_addr(sdS0));  // dS^T's BM = 64 queries: one panel
+  // K's columns [dq_col0, dq_col0 + kDqCols): their panel, and 2 bytes a column into its lines (the swizzle is
+  // applied to the address, as for the K-major operands' 32-byte steps)
+  const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128 + (dq_col0 % 64) * 2);
 
   float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
   fa2::BwdWork next = work;  // read an iteration ahead: its tile index comes from global memory
@@ -283,18 +286,18 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
       fence_proxy_async();
       named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
-      float dq[1][64 / 8][4];  // rows: queries dq_row0 + 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
+      float dq[1][kDqCols / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
       const uint64_t ds = ds_desc + stage * Tr::kDsBytes / 16;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
-        wgmma_ss<T, 64, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
+        wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
       wgmma_commit();
       dk_grads();
       wgmma_wait<1>();  // dV's and dQ's
-      pin<64 / 8>(dq[0]);
+      pin<kDqCols / 8>(dq[0]);
       named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
-      store_swizzled_f32<BM>(sdQ, dq[0], dq_row0 + 16 * (threadIdx.x / 32 % 4), dq_col0);
+      store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
       fence_proxy_async();
       named_arrive(kDqStored, Tr::kDqThreads);
     }
