@@ -1,16 +1,16 @@
-// FA3 backward (Hopper, sm90a): one block of two warpgroups per (key tile of 128 keys, document, key head), each
-// warpgroup owning 64 keys and their dK and dV accumulators, over the same visits as the FA2 backward
-// (csrc/fa2/bwd.cuh: every query head of the group, split key tiles, the deterministic dQ pass). Per query tile (64
-// rows at D = 128, 128 at D = 64), recomputed from Q, K and the saved logsumexp, on wgmma (wgmma.cuh):
+// FA3 backward (Hopper, sm90a): one block per (key tile of 128 keys, document, key head), its two consumer
+// warpgroups each owning 64 keys and their dK and dV accumulators, over the same visits as the FA2 backward
+// (csrc/fa2/bwd.cuh: every query head of the group, split key tiles, the deterministic dQ pass). Per query tile of
+// 64 rows, recomputed from Q, K and the saved logsumexp, on wgmma (wgmma.cuh):
 //   S^T = K Q^T and dP^T = V dO^T (A and B from swizzled shared memory)
 //   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) d(logit)/d(q.k), in registers (FA2's score_grads, or its
 //   halves plain_prob and plain_grad)
 //   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register A operands, dO and Q N-major from shared memory)
-//   dQ += dS K: dS^T goes through shared memory (M-major A); float32 atomics into dq_accum
-// Each warpgroup computes a 64 x 64 part of dQ over all 128 keys (both warpgroups' dS^T: one barrier): its half of
-// D at D = 128, its half of the rows at D = 64. The order keeps the tensor cores fed: P^T once S^T is done (dP^T
-// still running), dV's MMAs issued, dS^T beside them, then dQ's MMAs before dK's, so that dQ's atomics run beside
-// dK's (the general kernels, whose softcap needs the raw score beside dP^T, wait for both first).
+//   dQ = dS K: dS^T goes through shared memory (M-major A)
+// Each consumer computes the tile's dQ for half of D's columns over all 128 keys (both consumers' dS^T: one
+// barrier). The order keeps the tensor cores fed: P^T once S^T is done (dP^T still running), dV's MMAs issued,
+// dS^T beside them, then dQ's MMAs before dK's, so that dQ's store to shared memory runs beside dK's MMAs (the
+// general kernels, whose softcap needs the raw score beside dP^T, wait for both first).
 //
 // Warp-specialized as the forward (fwd.cuh): a producer warpgroup copies, two consumer warpgroups compute. The
 // producer's first thread brings K and V once and each query tile's Q and dO by TMA (tma.cuh), its second warp the
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     };
     if (p.deterministic) {
       dk_grads();
-    } else {  // dQ's MMAs before dK's, so that its atomics run beside dK's MMAs
+    } else {  // dQ's MMAs before dK's, so that its store runs beside dK's MMAs
       // dS^T's buffer it % 2: the other consumer read the tile before it (it - 2) before it stored the last one's
       store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
       fence_proxy_async();
@@ -309,8 +309,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     fa2::advance(p, next, b, hk, n_blk, chunk);
   }
   // A whole key tile goes out by TMA from the query stages' buffers (free once both consumers are done, each at
-  // least a (BN, D) tile): 128-byte lines instead of every thread's 4-byte stores behind the atomics in the memory
-  // queue. A tile past a varlen document's end and a split tile's part (float32 sums) keep fa2's stores.
+  // least a (BN, D) tile): 128-byte lines instead of every thread's 4-byte stores. A tile past a varlen document's
+  // end and a split tile's part (float32 sums) keep fa2's stores.
   if (!split && (p.cu_seqlens_k == nullptr || (n_blk + 1) * BN <= doc.lk)) {
     static_assert(2 * Tr::kQueryTileBytes >= Tr::kKeyTileBytes, "dK and dV each fit the query stages' buffers");
     named_sync(kConsumersSync, kConsumerThreads);  // both consumers are done with the query stages
