@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <stdexcept>
 #include <type_traits>
@@ -124,6 +125,10 @@ struct Fiber {
   int wait_generation = 0;                // of that barrier
   std::vector<Copy> open;                 // cp.async copies issued since the last commit
   std::vector<std::vector<Copy>> groups;  // committed groups, oldest first
+  // TMA stores and reductions (bulk groups): they read shared memory when a wait for their group returns (or the
+  // thread ends), so that shared memory rewritten before that wait shows in the result
+  std::vector<std::function<void()>> bulk_open;
+  std::vector<std::vector<std::function<void()>>> bulk_groups;
 };
 
 // Operands of one warp-collective instruction, one row per lane.
@@ -181,6 +186,20 @@ inline void async_wait(int pending) {  // until at most `pending` of the thread'
       }
     }
     f.groups.erase(f.groups.begin());
+  }
+}
+
+inline void bulk_issue(std::function<void()> op) { block.fibers[block.current].bulk_open.push_back(std::move(op)); }
+inline void bulk_commit() {
+  Fiber& f = block.fibers[block.current];
+  f.bulk_groups.push_back(std::move(f.bulk_open));
+  f.bulk_open.clear();
+}
+inline void bulk_wait(int pending) {  // until at most `pending` of the thread's committed bulk groups are in flight
+  Fiber& f = block.fibers[block.current];
+  while (static_cast<int>(f.bulk_groups.size()) > pending) {
+    for (const std::function<void()>& op : f.bulk_groups.front()) op();
+    f.bulk_groups.erase(f.bulk_groups.begin());
   }
 }
 
@@ -262,6 +281,8 @@ inline bool parked(const Fiber& f, bool warpgroups) {
 
 inline void fiber_entry() {
   block.body(block.args);
+  bulk_commit();
+  bulk_wait(0);  // a thread's bulk operations complete on their own after it ends
   block.fibers[block.current].done = true;
   ++block.events;
   swapcontext(&block.fibers[block.current].context, &block.scheduler);
@@ -351,6 +372,8 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
           f.waiting_on = nullptr;
           f.open.clear();  // copies still in flight when the previous block ended never land
           f.groups.clear();
+          f.bulk_open.clear();
+          f.bulk_groups.clear();
           getcontext(&f.context);
           f.context.uc_stack.ss_sp = f.stack.data();
           f.context.uc_stack.ss_size = f.stack.size();
@@ -367,6 +390,8 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
 }  // namespace legalpt::emu
 
 inline void __syncthreads() { legalpt::emu::block.block_barrier.arrive(); }
+
+inline void __syncwarp(unsigned = 0xffffffffu) { legalpt::emu::warp_sync(); }
 
 inline bool __any_sync(unsigned, bool predicate) {
   using namespace legalpt::emu;

@@ -604,6 +604,8 @@ __global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const _
 // logsumexp the kernels subtract (+inf where the row sees no key). `group` lanes per row and head (a power of two
 // <= 32), float32 sums. With kVec = 8 each lane reads 16-byte chunks, so a row of up to 256 elements takes one
 // round trip to memory (a loop of 2-byte reads made this pass latency-bound); kVec = 1 serves unaligned rows.
+// Pairs are taken head by head, so that neighbouring lanes write neighbouring words of logsumexp and delta (laid
+// out head-major) instead of words a sequence apart.
 struct PrepArgs {
   Tensor4 out, dout;         // the forward's output and its gradient (unpadded head dim)
   const float* lse;          // (B, H, Sq) or (H, total_q)
@@ -629,7 +631,7 @@ __global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
   const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / a.group;
   const int member = threadIdx.x % a.group;
   const bool valid = pair < static_cast<int64_t>(a.rows) * a.heads;  // a warp's lanes all reach the shuffles
-  const int row = static_cast<int>(pair / a.heads), h = static_cast<int>(pair % a.heads);
+  const int h = static_cast<int>(pair / a.rows), row = static_cast<int>(pair % a.rows);
   const int b = a.seqlen_q > 0 ? row / a.seqlen_q : 0, i = a.seqlen_q > 0 ? row % a.seqlen_q : row;
   float sum = 0.f;
   if (valid) {

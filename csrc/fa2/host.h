@@ -122,7 +122,10 @@ inline fa3::TensorMap tensor_map(const at::Tensor& t, int box_rows) {
   int64_t strides[3] = {t.stride(-2), t.stride(-3), packed ? 0 : t.stride(0)};  // heads, rows, batches
   for (int d = 0; d < 3; ++d)
     if (dims[d + 1] == 1) strides[d] = d == 0 ? dims[0] : dims[d] * strides[d - 1];
-  return fa3::make_tensor_map(t.data_ptr(), t.scalar_type() == at::kBFloat16, dims, strides, box_rows);
+  const fa3::Element element = t.scalar_type() == at::kBFloat16 ? fa3::Element::kBf16
+                               : t.scalar_type() == at::kHalf   ? fa3::Element::kF16
+                                                                : fa3::Element::kF32;
+  return fa3::make_tensor_map(t.data_ptr(), element, dims, strides, box_rows);
 }
 #endif
 
@@ -201,7 +204,8 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
                               tensor_map(k, Tr::kBlockN),
                               tensor_map(v, Tr::kBlockN),
                               tensor_map(dk, Tr::kBlockN),
-                              tensor_map(dv, Tr::kBlockN)};
+                              tensor_map(dv, Tr::kBlockN),
+                              tensor_map(dq_accum, 64)};
       launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
 #endif
     } else {

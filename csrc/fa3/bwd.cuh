@@ -1,19 +1,25 @@
-// FA3 backward (Hopper, sm90a): one block of two warpgroups per (key tile of 128 keys, document, key head), each
-// warpgroup owning 64 keys and their dK and dV accumulators, over the same visits as the FA2 backward
-// (csrc/fa2/bwd.cuh: every query head of the group, split key tiles, the deterministic dQ pass). Per query tile (64
-// rows at D = 128, 128 at D = 64), recomputed from Q, K and the saved logsumexp, on wgmma (wgmma.cuh):
+// FA3 backward (Hopper, sm90a): one block per (key tile of 128 keys, document, key head), its two consumer
+// warpgroups each owning 64 keys and their dK and dV accumulators, over the same visits as the FA2 backward
+// (csrc/fa2/bwd.cuh: every query head of the group, split key tiles, the deterministic dQ pass). Per query tile of
+// 64 rows, recomputed from Q, K and the saved logsumexp, on wgmma (wgmma.cuh):
 //   S^T = K Q^T and dP^T = V dO^T (A and B from swizzled shared memory)
 //   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) d(logit)/d(q.k), in registers (FA2's score_grads, or its
 //   halves plain_prob and plain_grad)
 //   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register A operands, dO and Q N-major from shared memory)
-//   dQ += dS K: dS^T goes through shared memory (M-major A); float32 atomics into dq_accum
-// Each warpgroup computes a 64 x 64 part of dQ over all 128 keys (both warpgroups' dS^T: one barrier): its half of
-// D at D = 128, its half of the rows at D = 64. The order keeps the tensor cores fed: P^T once S^T is done (dP^T
-// still running), dV's MMAs issued, dS^T beside them, then dQ's MMAs before dK's, so that dQ's atomics run beside
-// dK's (the general kernels, whose softcap needs the raw score beside dP^T, wait for both first). Copies: K, V, Q
-// and dO by TMA (tma.cuh) issued by one thread, on one mbarrier for K and V and one per query stage; logsumexp and
-// delta by cp.async (threads read them, not wgmma). The next query tile's copies fly while this one computes, into
-// a second stage.
+//   dQ = dS K: dS^T goes through shared memory (M-major A)
+// Each consumer computes the tile's dQ for half of D's columns over all 128 keys (both consumers' dS^T: one
+// barrier). The order keeps the tensor cores fed: P^T once S^T is done (dP^T still running), dV's MMAs issued,
+// dS^T beside them, then dQ's MMAs before dK's, so that dQ's store to shared memory runs beside dK's MMAs (the
+// general kernels, whose softcap needs the raw score beside dP^T, wait for both first).
+//
+// Warp-specialized as the forward (fwd.cuh): a producer warpgroup copies, two consumer warpgroups compute. The
+// producer's first thread brings K and V once and each query tile's Q and dO by TMA (tma.cuh), its second warp the
+// tile's logsumexp and delta by cp.async (threads read them, not wgmma; zero-filled past the document), both on the
+// stage's full mbarrier; the consumers free a stage on its empty mbarrier, so that the next query tile's copies fly
+// while this one computes and the consumers meet only where dQ needs both halves of dS^T (double-buffered, so that
+// one barrier per tile suffices). dQ leaves as FA3's does: the consumers put their float32 parts into a swizzled
+// tile in shared memory and the producer's third warp adds the tile into dq_accum by TMA reductions, so that the
+// consumers issue no atomics.
 #pragma once
 
 #include <type_traits>
@@ -21,24 +27,33 @@
 #include "../fa2/bwd.cuh"
 #include "fwd.cuh"
 #include "tma.cuh"
+#include "warps.cuh"
 
 namespace legalpt::fa3 {
 
 template <typename T, int D>
 struct BwdTraits {
-  // Query rows per visited tile: the N of S^T's and dP^T's wgmma. 128 at D = 64, where S^T and dP^T (64 x 128) fit
-  // beside dK and dV (64 x 64 each); at D = 128 those take 64 x 128 each and S^T, dP^T 64 x 64.
-  static constexpr int kBlockM = D == 64 ? 128 : 64;
-  static constexpr int kBlockN = 128;  // keys per block: 64 per warpgroup, the M of every wgmma
-  static constexpr int kThreads = 256;
+  static constexpr int kHeadDim = D;
+  // Query rows per visited tile: the N of S^T's and dP^T's wgmma. 64: at D = 128 dK and dV take 64 x 128 each beside
+  // S^T and dP^T (64 x 64); at D = 64, 128 rows (S^T, dP^T 64 x 128) spill at the consumers' 240 registers.
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 128;  // keys per block: 64 per consumer, the M of every wgmma
+  static constexpr int kThreads = 384;  // the producer warpgroup, then two consumers
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;  // as the forward's
   static constexpr int kKeyTileBytes = kBlockN * D * sizeof(T);    // K or V
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
-  // dQ's split between the warpgroups, each 64 x 64 over all keys: D's halves (BM = 64), or the query rows' (BM = 128)
-  static constexpr bool kDqByRows = kBlockM == 128;
-  // K, V; Q and dO twice; dS^T (BN, BM); logsumexp and delta twice; 3 mbarriers; 1024 bytes to align to the
+  static constexpr int kDsBytes = kBlockN * kBlockM * sizeof(T);   // dS^T, one buffer
+  static constexpr int kDqBytes = kBlockM * D * sizeof(float);     // dQ of a query tile, float32
+  // dQ's split between the consumers: each computes all BM rows of its half of D's columns, over all BN keys
+  static constexpr int kDqCols = D / 2;
+  // mbarriers: K and V's; per stage, its copies' (full) and its release (empty)
+  static constexpr int kBarriers = 5;
+  // K, V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
   // swizzle's period
-  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + kBlockN * kBlockM * sizeof(T) +
-                               4 * kBlockM * sizeof(float) + 3 * sizeof(uint64_t) + 1024;
+  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
+                               4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
+  static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
 };
 
 // The backward's arguments: fa2's, and the tensor maps of its TMA copies (tma.cuh; boxes of kBlockM query rows,
@@ -47,24 +62,52 @@ struct BwdArgs {
   Params p;
   TensorMap q, dout, k, v;
   TensorMap dk, dv;  // stores of whole key tiles (boxes of kBlockN rows)
+  TensorMap dq;      // reductions into dq_accum (float32, boxes of 64 rows)
 };
+
+// The dQ warp of the backward's producer: per visited query tile, once the consumers have stored its dQ (BM x D,
+// float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees sdQ once they
+// have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked to 0).
+template <typename Tr>
+__device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
+                                             const Document& doc, int b, int hk, int n_blk, int chunk) {
+  constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
+  const Params& p = a.p;
+  const int batch = p.cu_seqlens_q == nullptr ? b : 0;
+  for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk)) {
+    named_arrive(kDqFree, Tr::kDqThreads);
+    named_sync(kDqStored, Tr::kDqThreads);
+    if (threadIdx.x % 32 == 0) {
+      const int h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
+#pragma unroll
+      for (int rows = 0; rows < BM; rows += 64)
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128 + rows * 128, 32 * c, h, row + rows, batch);
+      bulk_commit();
+      bulk_wait_read<0>();  // the reductions have read sdQ
+    }
+    __syncwarp();
+  }
+}
 
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
 __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
   static_assert(D == 64 || D == 128, "the fa3 backward is instantiated for head dims 64 and 128");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a and the CPU emulation
   using Tr = BwdTraits<T, D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, kConsumerThreads = Tr::kConsumerThreads;
   const Params& p = a.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* sK = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BN, D), swizzled
   unsigned char* sV = sK + Tr::kKeyTileBytes;                      // (BN, D)
   unsigned char* sQ0 = sV + Tr::kKeyTileBytes;                     // 2 x (BM, D)
   unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
-  unsigned char* sdS = sdO0 + 2 * Tr::kQueryTileBytes;             // (BN, BM): dS^T
-  float* sLse0 = reinterpret_cast<float*>(sdS + BN * BM * sizeof(T));  // 2 x (BM) log2 domain
-  float* sDelta0 = sLse0 + 2 * BM;                                     // 2 x (BM)
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);      // K and V's; a query tile's, per stage
+  unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T
+  unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled
+  float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);       // 2 x (BM) log2 domain
+  float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
+  uint64_t *kv_full = bars, *q_full = bars + 1, *q_empty = bars + 3;  // q_: per stage
 
   // The split key tiles come first, split_chunks blocks each (as in fa2::bwd_kernel); chunk -1 is a whole tile.
   const int split_blocks = p.split_tiles * p.split_chunks, b = blockIdx.y, hk = blockIdx.z;
@@ -73,74 +116,94 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   const int chunk = split ? blockIdx.x % p.split_chunks : -1;
   const Document doc = fa2::document(p, b);
   if (n_blk * BN >= doc.lk) return;
-  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const int key0 = 64 * wg + 16 * (threadIdx.x / 32 % 4);  // the warp's first key in the tile (+ lane / 4, + 8)
+  const int lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 3; ++i) mbar_init(bars + i);
+    mbar_init(kv_full);
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(q_full + s, 1 + 32);                      // the TMA thread's and the second warp's 32 lanes'
+      mbar_init(q_empty + s, kConsumerThreads / 32);      // one arrival per consumer warp
+    }
     mbar_fence_init();
   }
-  __syncthreads();  // the barriers are initialized
+  __syncthreads();  // the barriers are initialized; the warpgroups part here
   const int batch = p.cu_seqlens_q == nullptr ? b : 0;  // the tensor maps' batch coordinate (one packed row: 0)
-  if (threadIdx.x == 0) {
-    mbar_expect(bars, 2 * Tr::kKeyTileBytes);
-    tma_load_tile<BN, D>(sK, a.k, hk, doc.k_start + n_blk * BN, batch, bars);
-    tma_load_tile<BN, D>(sV, a.v, hk, doc.k_start + n_blk * BN, batch, bars);
-  }
-
-  // Copies of one query tile of one head into stage `stage`: Q and dO by TMA (rows past the document hold the next
-  // one's or zeros: the tile is partial, its mask zeroes their P), its rows' logsumexp and delta by cp.async.
-  auto load_query_tile = [&](const fa2::BwdWork& w, int stage) {
-    const int h = hk * p.kv_group + w.g, valid = doc.lq - w.tile * BM;
-    if (threadIdx.x == 0) {
-      mbar_expect(bars + 1 + stage, 2 * Tr::kQueryTileBytes);
-      const int at = stage * Tr::kQueryTileBytes;
-      tma_load_tile<BM, D>(sQ0 + at, a.q, h, doc.q_start + w.tile * BM, batch, bars + 1 + stage);
-      tma_load_tile<BM, D>(sdO0 + at, a.dout, h, doc.q_start + w.tile * BM, batch, bars + 1 + stage);
-    }
-    if (const int r = threadIdx.x; r < BM) {
-      const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + doc.q_start + w.tile * BM + r;
-      cp_async4(sLse0 + stage * BM + r, p.lse_log2 + at, r < valid);
-      cp_async4(sDelta0 + stage * BM + r, p.delta + at, r < valid);
-    }
-    cp_async_commit();
-  };
-
-  // The warpgroup's 64 keys of K and V as A operands (K-major), the dQ operands (M-major dS^T, N-major K)
-  const uint64_t k_desc = descriptor(smem_addr(sK) + 64 * wg * 128);
-  const uint64_t v_desc = descriptor(smem_addr(sV) + 64 * wg * 128);
-  const int dq_row0 = Tr::kDqByRows ? 64 * wg : 0, dq_col0 = Tr::kDqByRows ? 0 : 64 * wg;
-  const uint64_t ds_desc = descriptor(smem_addr(sdS) + (dq_row0 / 64) * BN * 128);  // the panel of its 64 rows
-  const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128);   // the panel of its 64 columns
-
-  float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
   fa2::BwdWork work{-1, 0, 0, 0, {}};
   fa2::advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
-  fa2::BwdWork next = work;
-  fa2::advance(p, next, b, hk, n_blk, chunk);
-  if (work.g < p.kv_group) load_query_tile(work, 0);
-  // Rows [valid, ROWS) of the landed tiles at `x` and `y` zeroed (zero_rows): the rows a box brought from past a
-  // varlen document's end. A block barrier must follow.
+
+  if (threadIdx.x < 128) {  // the producer: thread 0 issues the TMA copies, warp 1 the logsumexp's and delta's,
+    registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum
+    const int warp = threadIdx.x / 32;
+    if (warp == 2) {
+      if (!p.deterministic) add_dq_tiles<Tr>(a, work, sdQ, doc, b, hk, n_blk, chunk);
+      return;
+    }
+    if (warp > 1 || (warp == 0 && lane != 0)) return;
+    if (warp == 0) {
+      mbar_expect(kv_full, 2 * Tr::kKeyTileBytes);
+      tma_load_tile<BN, D>(sK, a.k, hk, doc.k_start + n_blk * BN, batch, kv_full);
+      tma_load_tile<BN, D>(sV, a.v, hk, doc.k_start + n_blk * BN, batch, kv_full);
+    }
+    // One query tile of one head into its stage, once the consumers have freed it (two tiles ago). Q and dO: rows
+    // past the document hold the next one's or zeros (the tile is partial, its mask zeroes their P, the consumers
+    // zero those rows); logsumexp and delta: zero-filled there.
+    for (int it = 0; work.g < p.kv_group; ++it) {
+      const int stage = it % 2, h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
+      if (it >= 2) mbar_wait(q_empty + stage, (it / 2 - 1) % 2);
+      if (warp == 0) {
+        mbar_expect(q_full + stage, 2 * Tr::kQueryTileBytes);
+        tma_load_tile<BM, D>(sQ0 + stage * Tr::kQueryTileBytes, a.q, h, row, batch, q_full + stage);
+        tma_load_tile<BM, D>(sdO0 + stage * Tr::kQueryTileBytes, a.dout, h, row, batch, q_full + stage);
+      } else {
+        const int valid = doc.lq - work.tile * BM;
+#pragma unroll
+        for (int r = lane; r < BM; r += 32) {
+          const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + row + r;
+          cp_async4(sLse0 + stage * BM + r, p.lse_log2 + at, r < valid);
+          cp_async4(sDelta0 + stage * BM + r, p.delta + at, r < valid);
+        }
+        cp_async_arrive(q_full + stage);
+      }
+      fa2::advance(p, work, b, hk, n_blk, chunk);
+    }
+    return;
+  }
+
+  registers_up<Tr::kConsumerRegisters>();
+  const int wg = threadIdx.x / 128 - 1, thread = threadIdx.x - 128;  // the consumer, and the thread among them
+  const int key0 = 64 * wg + 16 * (threadIdx.x / 32 % 4);  // the warp's first key in the tile (+ lane / 4, + 8)
+  // Rows [valid, ROWS) of the tiles at `x` and `y` (landed) zeroed by both consumers, which meet there
   const auto zero_past_document = [&](auto rows, unsigned char* x, unsigned char* y, int valid) {
-    zero_rows<decltype(rows)::value, D, Tr::kThreads>(x, valid, threadIdx.x);
-    zero_rows<decltype(rows)::value, D, Tr::kThreads>(y, valid, threadIdx.x);
+    zero_rows<decltype(rows)::value, D, kConsumerThreads>(x, valid, thread);
+    zero_rows<decltype(rows)::value, D, kConsumerThreads>(y, valid, thread);
     fence_proxy_async();
+    named_sync(kConsumersSync, kConsumerThreads);
   };
-  mbar_wait(bars, 0);  // K and V
+
+  // The consumer's 64 keys of K and V as A operands (K-major), the dQ operands (M-major dS^T, N-major K)
+  const uint64_t k_desc = descriptor(smem_addr(sK) + 64 * wg * 128);
+  const uint64_t v_desc = descriptor(smem_addr(sV) + 64 * wg * 128);
+  constexpr int kDqCols = Tr::kDqCols;
+  const int dq_col0 = kDqCols * wg;
+  const uint64_t ds_desc = descriptor(smem_addr(sdS0));  // dS^T's BM = 64 queries: one panel
+  // K's columns [dq_col0, dq_col0 + kDqCols): their panel, and 2 bytes a column into its lines (the swizzle is
+  // applied to the address, as for the K-major operands' 32-byte steps)
+  const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128 + (dq_col0 % 64) * 2);
+
+  float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
+  fa2::BwdWork next = work;  // read an iteration ahead: its tile index comes from global memory
+  fa2::advance(p, next, b, hk, n_blk, chunk);
+  mbar_wait(kv_full, 0);
   if (p.cu_seqlens_k != nullptr && (n_blk + 1) * BN > doc.lk) {
     zero_past_document(std::integral_constant<int, BN>{}, sK, sV, doc.lk - n_blk * BN);
-    __syncthreads();
   }
   for (int it = 0; work.g < p.kv_group; ++it) {
     const int stage = it % 2;
-    cp_async_wait<0>();
-    mbar_wait(bars + 1 + stage, (it / 2) % 2);  // the stage's Q and dO; each stage's barrier completes every second tile
+    mbar_wait(q_full + stage, (it / 2) % 2);  // the stage's Q, dO, logsumexp and delta
     if (p.cu_seqlens_q != nullptr && (work.tile + 1) * BM > doc.lq) {
       zero_past_document(std::integral_constant<int, BM>{}, sQ0 + stage * Tr::kQueryTileBytes,
                          sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM);
     }
-    __syncthreads();  // this stage has landed; every warpgroup is done with the other stage and dS^T
-    if (next.g < p.kv_group) load_query_tile(next, stage ^ 1);
     const int h = hk * p.kv_group + work.g, m_blk = work.tile;
     const uint32_t sq = smem_addr(sQ0 + stage * Tr::kQueryTileBytes), sdo = smem_addr(sdO0 + stage * Tr::kQueryTileBytes);
     const uint64_t q_desc = descriptor(sq), do_desc = descriptor(sdo);  // K-major: B of S^T and dP^T
@@ -209,8 +272,6 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     }
     to_fragments<T, BM>(dpt, dsa);
 
-    fa2::BwdWork after = next;
-    fa2::advance(p, after, b, hk, n_blk, chunk);  // its tile index is read here and needed an iteration later
     auto dk_grads = [&] {  // dK += dS^T Q
       pin<D / 8>(dk[0]);
       wgmma_fence();
@@ -220,42 +281,48 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     };
     if (p.deterministic) {
       dk_grads();
-    } else {  // dQ's MMAs before dK's, so that its atomics run beside dK's MMAs
-      store_swizzled<T, BN, BM>(sdS, dpt, key0);
+    } else {  // dQ's MMAs before dK's, so that its store runs beside dK's MMAs
+      // dS^T's buffer it % 2: the other consumer read the tile before it (it - 2) before it stored the last one's
+      store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
       fence_proxy_async();
-      __syncthreads();  // both warpgroups' dS^T are stored
-      float dq[1][64 / 8][4];  // rows: queries dq_row0 + 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
+      named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
+      float dq[1][kDqCols / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
+      const uint64_t ds = ds_desc + stage * Tr::kDsBytes / 16;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
-        wgmma_ss<T, 64, 1, 1>(dq[0], ds_desc + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
+        wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
       wgmma_commit();
       dk_grads();
       wgmma_wait<1>();  // dV's and dQ's
-      pin<64 / 8>(dq[0]);
-      fa2::add_dq<1, 64>(p, dq, doc, b, h, m_blk * BM + dq_row0 + 16 * (threadIdx.x / 32 % 4), dq_col0);
+      pin<kDqCols / 8>(dq[0]);
+      named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
+      store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
+      fence_proxy_async();
+      named_arrive(kDqStored, Tr::kDqThreads);
     }
     wgmma_wait<0>();
     pin<D / 8>(dk[0]);
     pin<D / 8>(dv[0]);
+    if (lane == 0) mbar_arrive(q_empty + stage);  // the warp is done with the stage
     work = next;
-    next = after;
+    fa2::advance(p, next, b, hk, n_blk, chunk);
   }
-  cp_async_wait<0>();
-  // A whole key tile goes out by TMA from the query stages' buffers (free now, each at least a (BN, D) tile):
-  // 128-byte lines instead of every thread's 4-byte stores behind the atomics in the memory queue. A tile past a
-  // varlen document's end and a split tile's part (float32 sums) keep fa2's stores.
+  // A whole key tile goes out by TMA from the query stages' buffers (free once both consumers are done, each at
+  // least a (BN, D) tile): 128-byte lines instead of every thread's 4-byte stores. A tile past a varlen document's
+  // end and a split tile's part (float32 sums) keep fa2's stores.
   if (!split && (p.cu_seqlens_k == nullptr || (n_blk + 1) * BN <= doc.lk)) {
     static_assert(2 * Tr::kQueryTileBytes >= Tr::kKeyTileBytes, "dK and dV each fit the query stages' buffers");
-    __syncthreads();  // every warpgroup is done with the query stages
+    named_sync(kConsumersSync, kConsumerThreads);  // both consumers are done with the query stages
     store_swizzled<T, BN, D>(sQ0, dk[0], key0);
     store_swizzled<T, BN, D>(sdO0, dv[0], key0);
     fence_proxy_async();
-    __syncthreads();  // both warpgroups' rows are stored
-    if (threadIdx.x == 0) {
+    named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
+    if (thread == 0) {
       tma_store_tile<BN, D>(a.dk, sQ0, hk, doc.k_start + n_blk * BN, batch);
       tma_store_tile<BN, D>(a.dv, sdO0, hk, doc.k_start + n_blk * BN, batch);
-      tma_store_drain();
+      bulk_commit();
+      bulk_wait_read<0>();  // the stores have read shared memory before the block ends
     }
   } else {
     fa2::store_dkv<T, 1, D, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, 0, split);

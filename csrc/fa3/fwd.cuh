@@ -43,8 +43,6 @@ struct FwdTraits {
   static constexpr int kSmem = kBlockM * D * sizeof(T) + 4 * kTileBytes + kBarriers * sizeof(uint64_t) + 1024;
 };
 
-// Named barriers of the consumers (ids; 0 is __syncthreads'): every consumer thread, and each consumer's turn.
-enum FwdNamedBarrier { kConsumersSync = 1, kTurn0 = 2 };
 
 // The forward's arguments: fa2's, and the tensor maps of its TMA copies and of O's stores (boxes of 128 rows).
 struct FwdArgs {
@@ -233,7 +231,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
     if (threadIdx.x == 128) {
       tma_store_tile<BM, D>(a.o, sQ, h, doc.q_start + m_blk * BM, batch);
-      tma_store_drain();
+      bulk_commit();
+      bulk_wait_read<0>();  // the stores have read shared memory before the block ends
     }
   } else {
     fa2::store_rows<T, D>(p, o, inv, i0, doc, b, h);

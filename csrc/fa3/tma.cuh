@@ -5,7 +5,8 @@
 // group, and no proxy fence is needed (TMA writes through the async proxy that wgmma reads). Rows past a document's
 // end but inside the tensor (varlen) hold the next document's values: the kernels zero them (zero_rows). Stores
 // go the other way, from a swizzled panel to global memory; they would write a tile's rows past a document's end
-// into the next document, so the kernels store whole tiles only this way.
+// into the next document, so the kernels store whole tiles only this way. Reductions add a float32 panel into
+// global memory (the backward's dQ). A box is 128 bytes wide: 64 columns of 2-byte elements, 32 of float32.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,10 @@
 #endif
 
 namespace legalpt::fa3 {
+
+// The element types of the tensors the kernels copy (bf16, fp16) and reduce into (float32).
+enum class Element { kBf16, kF16, kF32 };
+inline int element_bytes(Element e) { return e == Element::kF32 ? 4 : 2; }
 
 #ifndef LEGALPT_EMULATE
 struct alignas(64) TensorMap {
@@ -39,6 +44,11 @@ __device__ __forceinline__ void mbar_expect(uint64_t* bar, int bytes) {
 // A plain arrival: a consumer is done with the buffer the barrier guards.
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// An arrival once this thread's cp.async copies so far have landed (an mbarrier initialized with one arrival for
+// this thread: .noinc), so that copies of scattered words complete a phase beside TMA's.
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 // Until the phase of parity `phase` has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int phase) {
@@ -67,18 +77,31 @@ __device__ __forceinline__ void tma_store(const TensorMap& map, const void* src,
       "r"(head), "r"(row), "r"(batch), "r"(smem_addr(src))
       : "memory");
 }
-// Commits this thread's stores as a group and waits until they have read shared memory: the block may then exit or
-// overwrite it, while the writes to global memory complete on their own.
-__device__ __forceinline__ void tma_store_drain() {
-  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+// Adds the swizzled float32 panel at `src` (box rows x 32 columns) into rows [row, row + box rows) of head `head`,
+// columns [col, col + 32), of batch `batch` (rows past the tensor's end are skipped). One of this thread's bulk group.
+__device__ __forceinline__ void tma_reduce_add(const TensorMap& map, const void* src, int col, int head, int row,
+                                               int batch) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+          &map),
+      "r"(col), "r"(head), "r"(row), "r"(batch), "r"(smem_addr(src))
+      : "memory");
+}
+// This thread's stores and reductions since the last commit become a bulk group.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N of this thread's bulk groups have yet to read shared memory: the rest's may be rewritten, while
+// their writes to global memory complete on their own.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
 
-// The map of a tensor of 2-byte elements as {D, heads, rows, batches} (strides in elements between heads, rows and
-// batches, D contiguous; all multiples of 8 and the start 16-byte aligned, as fa2.py's _kernel_layout and host.h's
-// tensor_map make them), copied in boxes of (box_rows, 64) with the 128-byte swizzle. Throws where the driver
+// The map of a tensor as {D, heads, rows, batches} (strides in elements between heads, rows and batches, D
+// contiguous; all multiples of 16 bytes and the start 16-byte aligned, as fa2.py's _kernel_layout and host.h's
+// tensor_map make them), copied in boxes of (box_rows, 128 bytes) with the 128-byte swizzle. Throws where the driver
 // refuses it.
-inline TensorMap make_tensor_map(const void* base, bool bf16, const int64_t (&dims)[4], const int64_t (&strides)[3],
-                                 int box_rows) {
+inline TensorMap make_tensor_map(const void* base, Element element, const int64_t (&dims)[4],
+                                 const int64_t (&strides)[3], int box_rows) {
   static const auto encode = [] {  // through the runtime, so that the extension does not link libcuda
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -94,13 +117,19 @@ inline TensorMap make_tensor_map(const void* base, bool bf16, const int64_t (&di
   if (encode == nullptr) throw std::runtime_error("fa3: the CUDA driver has no cuTensorMapEncodeTiled (TMA)");
   const cuuint64_t extent[4] = {static_cast<cuuint64_t>(dims[0]), static_cast<cuuint64_t>(dims[1]),
                                 static_cast<cuuint64_t>(dims[2]), static_cast<cuuint64_t>(dims[3])};
-  const cuuint64_t stride_bytes[3] = {static_cast<cuuint64_t>(2 * strides[0]), static_cast<cuuint64_t>(2 * strides[1]),
-                                      static_cast<cuuint64_t>(2 * strides[2])};
-  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(box_rows), 1}, unit[4] = {1, 1, 1, 1};
+  const int bytes = element_bytes(element);
+  const cuuint64_t stride_bytes[3] = {static_cast<cuuint64_t>(bytes * strides[0]),
+                                      static_cast<cuuint64_t>(bytes * strides[1]),
+                                      static_cast<cuuint64_t>(bytes * strides[2])};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / bytes), 1, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = element == Element::kBf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : element == Element::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   TensorMap map;
   const CUresult status = encode(
-      reinterpret_cast<CUtensorMap*>(&map), bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-      4, const_cast<void*>(base), extent, stride_bytes, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      reinterpret_cast<CUtensorMap*>(&map), type, 4, const_cast<void*>(base), extent, stride_bytes, box, unit,
+      CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS) {
     throw std::invalid_argument("fa3: cuTensorMapEncodeTiled refused a tensor (error " + std::to_string(status) +
@@ -119,28 +148,39 @@ struct alignas(64) TensorMap {
   int element_bytes;
 };
 
-inline TensorMap make_tensor_map(const void* base, bool bf16, const int64_t (&dims)[4], const int64_t (&strides)[3],
-                                 int box_rows) {
-  (void)bf16;
+inline TensorMap make_tensor_map(const void* base, Element element, const int64_t (&dims)[4],
+                                 const int64_t (&strides)[3], int box_rows) {
+  const int bytes = element_bytes(element);
   // cuTensorMapEncodeTiled's rules on the address and strides, so that the CPU tests see what the driver refuses
   bool ok = reinterpret_cast<uintptr_t>(base) % 16 == 0;
-  for (int d = 0; d < 3; ++d) ok = ok && (2 * strides[d]) % 16 == 0;
+  for (int d = 0; d < 3; ++d) ok = ok && (bytes * strides[d]) % 16 == 0;
   if (!ok) {
     throw std::invalid_argument("fa3: cuTensorMapEncodeTiled refuses a tensor whose start or strides (elements " +
                                 std::to_string(strides[0]) + ", " + std::to_string(strides[1]) + ", " +
                                 std::to_string(strides[2]) + ") are not multiples of 16 bytes");
   }
   return {static_cast<const unsigned char*>(base), {dims[0], dims[1], dims[2], dims[3]},
-          {2 * strides[0], 2 * strides[1], 2 * strides[2]}, box_rows, 2};
+          {bytes * strides[0], bytes * strides[1], bytes * strides[2]}, box_rows, bytes};
 }
 inline void mbar_init(uint64_t* bar, int arrivals = 1) { emu::mbarrier(bar) = emu::Mbarrier{arrivals}; }
 inline void mbar_fence_init() {}
 inline void mbar_expect(uint64_t* bar, int bytes) { emu::mbarrier(bar).arrive(bytes); }
 inline void mbar_arrive(uint64_t* bar) { emu::mbarrier(bar).arrive(0); }
+inline void cp_async_arrive(uint64_t* bar) {  // the thread's copies land with the phase, when a wait returns
+  emu::Fiber& f = emu::block.fibers[emu::block.current];
+  emu::Mbarrier& m = emu::mbarrier(bar);
+  for (const std::vector<emu::Copy>& group : f.groups) m.pending.insert(m.pending.end(), group.begin(), group.end());
+  m.pending.insert(m.pending.end(), f.open.begin(), f.open.end());
+  f.groups.clear();
+  f.open.clear();
+  m.arrive(0);
+}
 inline void mbar_wait(uint64_t* bar, int phase) { emu::mbarrier(bar).wait(phase); }
 // A box line's 16-byte chunk c (of 8): its global address, or nullptr where it lies past the tensor.
 inline unsigned char* box_chunk(const TensorMap& map, int col, int head, int row, int batch, int c) {
-  if (row >= map.dims[2] || head >= map.dims[1] || batch >= map.dims[3] || col + 8 * c >= map.dims[0]) return nullptr;
+  if (row >= map.dims[2] || head >= map.dims[1] || batch >= map.dims[3] || col + 16 * c / map.element_bytes >= map.dims[0]) {
+    return nullptr;
+  }
   return const_cast<unsigned char*>(map.base) + batch * map.strides[2] + row * map.strides[1] +
          head * map.strides[0] + col * map.element_bytes + 16 * c;
 }
@@ -150,7 +190,7 @@ inline void tma_load(void* dst, const TensorMap& map, int col, int head, int row
     for (int c = 0; c < 8; ++c)
       emu::mbarrier(bar).copy(out + swizzled<64>(r, c), box_chunk(map, col, head, row + r, batch, c));
 }
-inline void tma_store(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
+inline void tma_store_now(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
   const unsigned char* in = static_cast<const unsigned char*>(src);
   for (int r = 0; r < map.box_rows; ++r)
     for (int c = 0; c < 8; ++c)
@@ -158,7 +198,29 @@ inline void tma_store(const TensorMap& map, const void* src, int col, int head, 
         std::memcpy(to, in + swizzled<64>(r, c), 16);
       }
 }
-inline void tma_store_drain() {}
+inline void tma_reduce_add_now(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
+  const unsigned char* in = static_cast<const unsigned char*>(src);
+  for (int r = 0; r < map.box_rows; ++r)
+    for (int c = 0; c < 8; ++c)  // float32: four to a chunk
+      if (unsigned char* to = box_chunk(map, col, head, row + r, batch, c)) {
+        float x[4], y[4];
+        std::memcpy(x, in + swizzled<64>(r, c), 16);
+        std::memcpy(y, to, 16);
+        for (int e = 0; e < 4; ++e) y[e] += x[e];
+        std::memcpy(to, y, 16);
+      }
+}
+inline void tma_store(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
+  emu::bulk_issue([=, &map] { tma_store_now(map, src, col, head, row, batch); });
+}
+inline void tma_reduce_add(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
+  emu::bulk_issue([=, &map] { tma_reduce_add_now(map, src, col, head, row, batch); });
+}
+inline void bulk_commit() { emu::bulk_commit(); }
+template <int N>
+inline void bulk_wait_read() {
+  emu::bulk_wait(N);
+}
 #endif
 
 // A whole swizzled (ROWS, D) tile, its D / 64 panels of ROWS lines one box each: rows [row, row + ROWS) of head

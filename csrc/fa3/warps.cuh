@@ -7,6 +7,15 @@
 
 namespace legalpt::fa3 {
 
+// The named barriers of the fa3 kernels (ids; 0 is __syncthreads'), each of the consumers' threads alone.
+enum NamedBarrier {
+  kConsumersSync = 1,  // every consumer thread: zeroed rows, stored epilogue tiles
+  kDsStored = 2,       // the backward: both consumers' dS^T are in shared memory
+  kTurn0 = 3,          // the forward's ping-pong: consumer w's turn is kTurn0 + w
+  kDqFree = 5,         // the backward: the dQ warp's reduction has read the dQ tile (consumers and the dQ warp)
+  kDqStored = 6,       // the backward: both consumers' dQ parts are in shared memory (the same threads)
+};
+
 #ifndef LEGALPT_EMULATE
 // The warpgroup's registers per thread lowered to N (the producer), or raised to N (the consumers): every warp of
 // the warpgroup executes it.

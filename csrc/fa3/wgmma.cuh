@@ -43,6 +43,23 @@ __device__ __forceinline__ void store_swizzled(unsigned char* dst, const float (
     }
 }
 
+// A warp's 16 x COLS float32 accumulator tile (rows from `row0`, columns from `col0`) into the swizzled float32
+// (ROWS, D) tile at `dst`: D / 32 panels of (ROWS, 32), a 128-byte line per row, 16-byte chunks swizzled as above
+// (the backward's dQ on its way to a TMA reduction).
+template <int ROWS, int COLS>
+__device__ __forceinline__ void store_swizzled_f32(unsigned char* dst, const float (&x)[COLS / 8][4], int row0,
+                                                   int col0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < COLS / 8; ++n)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + lane / 4 + 8 * r, col = col0 + 8 * n + 2 * (lane % 4);
+      *reinterpret_cast<float2*>(dst + swizzled<ROWS>(row, col / 4) + 4 * (col % 4)) =
+          make_float2(x[n][2 * r], x[n][2 * r + 1]);
+    }
+}
+
 // P (64 x 128 keys of a warpgroup, float accumulators) as the A fragments of O += P V, one per 16 keys.
 template <typename T, int BN>
 __device__ __forceinline__ void to_fragments(const float (&s)[BN / 8][4], uint32_t (&a)[BN / 16][4]) {
@@ -86,10 +103,12 @@ __device__ __forceinline__ void pin(float (&d)[N][4]) {
 }
 
 // The accumulators of an m64nN wgmma as asm operands (d[j][c], j < N / 8), and their places in the instruction;
-// the other operands follow them (%32... at N = 64, %64... at N = 128).
+// the other operands follow them (%16... at N = 32, %32... at N = 64, %64... at N = 128).
 #define LEGALPT_ACC8(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define LEGALPT_ACC32 LEGALPT_ACC8(0), LEGALPT_ACC8(1), LEGALPT_ACC8(2), LEGALPT_ACC8(3)
 #define LEGALPT_ACC64 LEGALPT_ACC8(0), LEGALPT_ACC8(1), LEGALPT_ACC8(2), LEGALPT_ACC8(3), LEGALPT_ACC8(4), LEGALPT_ACC8(5), LEGALPT_ACC8(6), LEGALPT_ACC8(7)
 #define LEGALPT_ACC128 LEGALPT_ACC64, LEGALPT_ACC8(8), LEGALPT_ACC8(9), LEGALPT_ACC8(10), LEGALPT_ACC8(11), LEGALPT_ACC8(12), LEGALPT_ACC8(13), LEGALPT_ACC8(14), LEGALPT_ACC8(15)
+#define LEGALPT_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define LEGALPT_D64 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13," \
   " %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -113,9 +132,13 @@ __device__ __forceinline__ void pin(float (&d)[N][4]) {
 // (B N-major); accumulate = 0 overwrites d.
 template <typename T, int N, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate) {
-  static_assert(N == 64 || N == 128, "wgmma shapes m64n64k16 and m64n128k16");
+  static_assert(N == 32 || N == 64 || N == 128, "wgmma shapes m64n32k16, m64n64k16 and m64n128k16");
   constexpr bool kHalf = std::is_same_v<T, __half>;
-  if constexpr (N == 64 && kHalf) {
+  if constexpr (N == 32 && kHalf) {
+    LEGALPT_WGMMA_SS(32, "f16", LEGALPT_D32, "%16", "%17", "%18", "%19", "%20", LEGALPT_ACC32);
+  } else if constexpr (N == 32) {
+    LEGALPT_WGMMA_SS(32, "bf16", LEGALPT_D32, "%16", "%17", "%18", "%19", "%20", LEGALPT_ACC32);
+  } else if constexpr (N == 64 && kHalf) {
     LEGALPT_WGMMA_SS(64, "f16", LEGALPT_D64, "%32", "%33", "%34", "%35", "%36", LEGALPT_ACC64);
   } else if constexpr (N == 64) {
     LEGALPT_WGMMA_SS(64, "bf16", LEGALPT_D64, "%32", "%33", "%34", "%35", "%36", LEGALPT_ACC64);
