@@ -152,10 +152,19 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
     if constexpr (kFa3 && kHasFa3) {
 #ifdef LEGALPT_WITH_FA3
       using Tr = fa3::FwdTraits<T, kHeadDim>;
-      const dim3 grid((max_q + Tr::kBlockM - 1) / Tr::kBlockM, documents(q, cu_q), p.heads);
-      const fa3::FwdArgs args{p, tensor_map(q, Tr::kBlockM), tensor_map(k, Tr::kBlockN), tensor_map(v, Tr::kBlockN),
-                              tensor_map(out, Tr::kBlockM)};
-      launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
+      const int m_tiles = static_cast<int>((max_q + Tr::kBlockM - 1) / Tr::kBlockM), docs = documents(q, cu_q);
+      const fa3::FwdArgs args{p,
+                              tensor_map(q, Tr::kBlockM),
+                              tensor_map(k, Tr::kBlockN),
+                              tensor_map(v, Tr::kBlockN),
+                              tensor_map(out, Tr::kBlockM),
+                              m_tiles,
+                              docs};
+      const int items = m_tiles * docs * p.heads;  // persistent blocks: one per processor, at most one per item
+      if (items > 0) {
+        launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, dim3(std::min(items, launch.processors())), Tr::kThreads,
+               Tr::kSmem, args);
+      }
 #endif
     } else {
       using Tr = FwdTraits<T, kHeadDim>;
