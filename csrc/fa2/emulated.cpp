@@ -18,6 +18,10 @@ struct EmulatedLaunch {
     TORCH_CHECK(device.is_cpu(), "the emulated fa2 kernels take CPU tensors, got ", device);
   }
 
+  // Three, so that the persistent kernels' blocks take several items each, and a grid of fewer blocks than items
+  // is exercised.
+  int processors() const { return 3; }
+
   template <typename Args>
   void operator()(void (*kernel)(Args), dim3 grid, int threads, int smem_bytes, const Args& args) const {
     TORCH_CHECK(smem_bytes <= static_cast<int>(sizeof(smem)), "shared memory: ", smem_bytes, " bytes requested");

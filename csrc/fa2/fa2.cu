@@ -14,6 +14,10 @@ struct CudaLaunch {
   c10::cuda::CUDAGuard guard;
   explicit CudaLaunch(const at::Device& device) : guard(device) {}
 
+  int processors() const {  // the device's SMs: the persistent kernels' grid
+    return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  }
+
   template <typename Args>
   void operator()(void (*kernel)(Args), dim3 grid, int threads, int smem, const Args& args) const {
     if (smem > 48 * 1024) {

@@ -1,6 +1,7 @@
-// FA3 forward (Hopper, sm90a): one block per (query tile of 128 rows, document, head) of three warpgroups, as in
-// FA3: a producer that issues every copy (TMA, tma.cuh) and two consumers of 64 query rows each. The producer gives
-// its registers to the consumers (warps.cuh). S = Q K^T and O += P V run on wgmma (wgmma.cuh): Q, K and V in
+// FA3 forward (Hopper, sm90a): blocks of three warpgroups, each taking items (query tile of 128 rows, document, head)
+// in turn, every gridDim.x-th: persistent, one block per processor as in FA3, where the items cost alike (the host
+// decides, csrc/fa2/host.h), else one block per item. A producer issues every copy (TMA, tma.cuh); two consumers
+// compute 64 query rows each. The producer gives its registers to the consumers (warps.cuh). S = Q K^T and O += P V run on wgmma (wgmma.cuh): Q, K and V in
 // swizzled shared memory, P straight from the registers S was computed in. Per visited key tile t, each consumer
 // issues S(t) and then O += P(t-1) V(t-1), both asynchronous, waits for S(t) alone and computes its softmax while
 // the tensor cores still run P V: FA3's overlap inside a warpgroup. Between the two consumers, ping-pong: each issues
@@ -11,7 +12,8 @@
 //
 // K and V have two buffers each, each buffer a pair of mbarriers: full (the copy landed) and empty (every consumer
 // warp is done with it), so the producer runs ahead of the consumers by up to two tiles and the consumers never wait
-// for each other's buffers.
+// for each other's buffers. Q has one buffer and such a pair: the consumers free it after an item's last S, so that
+// the next item's Q, K and V load while this one finishes; O goes out from a buffer of its own.
 #pragma once
 
 #include "../fa2/fwd.cuh"
@@ -37,10 +39,10 @@ struct FwdTraits {
   // Registers per thread: 24 for the producer, 240 for the consumers (128 x (24 + 2 x 240) = 64 512 of the SM's 65 536)
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
   static constexpr int kTileBytes = kBlockN * D * sizeof(T);  // one K or V tile
-  // mbarriers: Q's; K's and V's full and empty, per buffer
-  static constexpr int kBarriers = 9;
-  // Q, then K and V twice each; the mbarriers; 1024 bytes of slack to align the tiles to the swizzle's period
-  static constexpr int kSmem = kBlockM * D * sizeof(T) + 4 * kTileBytes + kBarriers * sizeof(uint64_t) + 1024;
+  // mbarriers: Q's, K's and V's full and empty, per buffer
+  static constexpr int kBarriers = 10;
+  // Q, then K and V twice each, then O; the mbarriers; 1024 bytes of slack to align the tiles to the swizzle's period
+  static constexpr int kSmem = 2 * kBlockM * D * sizeof(T) + 4 * kTileBytes + kBarriers * sizeof(uint64_t) + 1024;
 };
 
 
@@ -48,8 +50,19 @@ struct FwdTraits {
 struct FwdArgs {
   Params p;
   TensorMap q, k, v;
-  TensorMap o;  // stores of whole query tiles
+  TensorMap o;             // stores of whole query tiles
+  int m_tiles, documents;  // query tiles of the longest document; items: m_tiles x documents x heads
 };
+
+// Item i: a head's query tiles in turn, the last (under causal the longest) first, so that the blocks at work at once
+// share a head's K and V in L2.
+struct FwdItem {
+  int m_blk, b, h;
+};
+__device__ __forceinline__ FwdItem fwd_item(const FwdArgs& a, int i) {
+  const int rest = i / a.m_tiles;
+  return {a.m_tiles - 1 - i % a.m_tiles, rest % a.documents, rest / a.documents};
+}
 
 // Tile t's scores s (a warpgroup's 64 rows x BN keys, raw) to P, as in the FA2 forward: the element rule, the new
 // running max, P = exp2(logit - max) and the row sums. Then, once P V of the previous tile is done (`in_flight`), O is
@@ -98,145 +111,167 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   unsigned char* sQ = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BM, D), swizzled
   unsigned char* sK = sQ + BM * D * sizeof(T);                    // 2 x (BN, D)
   unsigned char* sV = sK + 2 * Tr::kTileBytes;                    // 2 x (BN, D)
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sV + 2 * Tr::kTileBytes);
-  uint64_t *q_full = bars, *k_full = bars + 1, *v_full = bars + 3, *k_empty = bars + 5, *v_empty = bars + 7;
-
-  const int m_blk = gridDim.x - 1 - blockIdx.x;  // the last query tiles see the most keys under causal: start them first
-  const int b = blockIdx.y, h = blockIdx.z, hk = h / p.kv_group;
-  const Document doc = fa2::document(p, b);
-  if (m_blk * BM >= doc.lq) return;
-  const Visits vis = fa2::visits(p.schedule, b, h, m_blk);
-
+  unsigned char* sO = sV + 2 * Tr::kTileBytes;                    // (BM, D)
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sO + BM * D * sizeof(T));
+  uint64_t *q_full = bars, *q_empty = bars + 1, *k_full = bars + 2, *v_full = bars + 4, *k_empty = bars + 6,
+           *v_empty = bars + 8;
+  const int items = a.m_tiles * a.documents * p.heads;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 5; ++i) mbar_init(bars + i);
-    for (int i = 5; i < 9; ++i) mbar_init(bars + i, kConsumerThreads / 32);  // one arrival per consumer warp
+    for (int i : {0, 2, 3, 4, 5}) mbar_init(bars + i);
+    for (int i : {1, 6, 7, 8, 9}) mbar_init(bars + i, kConsumerThreads / 32);  // one arrival per consumer warp
     mbar_fence_init();
   }
   __syncthreads();  // the barriers are initialized; the warpgroups part here
-  const int batch = p.cu_seqlens_q == nullptr ? b : 0;  // the tensor maps' batch coordinate (one packed row: 0)
+  // Both sides walk the same items and count Q's and K/V's tiles over all of them: the buffers' phases run on.
+  // An item whose tile starts past its document's end is skipped; one that visits no key tile loads nothing.
 
   if (threadIdx.x < 128) {  // the producer: one thread issues every copy, in the order the consumers need them
     registers_down<Tr::kProducerRegisters>();
-    if (threadIdx.x != 0 || vis.count == 0) return;  // without a visited key tile the output is written from no copy
-    // K(t) or V(t) into buffer t % 2, once the consumers are done with its tile t - 2
-    const auto load_kv = [&](unsigned char* tiles, uint64_t* full, uint64_t* empty, const TensorMap& map, int t) {
-      if (t >= 2) mbar_wait(empty + t % 2, (t / 2 - 1) % 2);
-      mbar_expect(full + t % 2, Tr::kTileBytes);
-      tma_load_tile<BN, D>(tiles + t % 2 * Tr::kTileBytes, map, hk, doc.k_start + vis.tiles[t] * BN, batch,
-                           full + t % 2);
-    };
-    mbar_expect(q_full, BM * D * sizeof(T));
-    tma_load_tile<BM, D>(sQ, a.q, h, doc.q_start + m_blk * BM, batch, q_full);
-    load_kv(sK, k_full, k_empty, a.k, 0);
-    for (int t = 0; t < vis.count; ++t) {  // K runs a tile ahead of V: S(t + 1) is issued with P V(t)
-      if (t + 1 < vis.count) load_kv(sK, k_full, k_empty, a.k, t + 1);
-      load_kv(sV, v_full, v_empty, a.v, t);
+    if (threadIdx.x != 0) return;
+    for (int i = blockIdx.x, nq = 0, g = 0; i < items; i += gridDim.x) {
+      const FwdItem it = fwd_item(a, i);
+      const Document doc = fa2::document(p, it.b);
+      const Visits vis = fa2::visits(p.schedule, it.b, it.h, it.m_blk);
+      if (it.m_blk * BM >= doc.lq || vis.count == 0) continue;
+      const int hk = it.h / p.kv_group, batch = p.cu_seqlens_q == nullptr ? it.b : 0;
+      // K(t) or V(t) of this item, the block's tile g + t, into buffer (g + t) % 2 once its tile g + t - 2 is done
+      const auto load_kv = [&](unsigned char* tiles, uint64_t* full, uint64_t* empty, const TensorMap& map, int t) {
+        const int j = g + t;
+        if (j >= 2) mbar_wait(empty + j % 2, (j / 2 - 1) % 2);
+        mbar_expect(full + j % 2, Tr::kTileBytes);
+        tma_load_tile<BN, D>(tiles + j % 2 * Tr::kTileBytes, map, hk, doc.k_start + vis.tiles[t] * BN, batch,
+                             full + j % 2);
+      };
+      if (nq > 0) mbar_wait(q_empty, (nq - 1) % 2);  // the last item's S are done
+      mbar_expect(q_full, BM * D * sizeof(T));
+      tma_load_tile<BM, D>(sQ, a.q, it.h, doc.q_start + it.m_blk * BM, batch, q_full);
+      load_kv(sK, k_full, k_empty, a.k, 0);
+      for (int t = 0; t < vis.count; ++t) {  // K runs a tile ahead of V: S(t + 1) is issued with P V(t)
+        if (t + 1 < vis.count) load_kv(sK, k_full, k_empty, a.k, t + 1);
+        load_kv(sV, v_full, v_empty, a.v, t);
+      }
+      ++nq;
+      g += vis.count;
     }
     return;
   }
 
   registers_up<Tr::kConsumerRegisters>();
   const int wg = threadIdx.x / 128 - 1, lane = threadIdx.x % 32;  // the consumer, 0 or 1
-  const int i0 = m_blk * BM + 64 * wg + 16 * (threadIdx.x / 32 % 4) + lane / 4;  // the thread's rows: i0, i0 + 8
-  // The warpgroup's 64 rows of Q (each panel holds BM rows), and the first K and V tiles
+  // The warpgroup's 64 rows of Q (each panel holds BM rows), and the first K and V buffers
   const uint64_t q_desc = descriptor(smem_addr(sQ) + 64 * wg * 128);
   const uint64_t k_desc = descriptor(smem_addr(sK));
   const uint64_t v_desc = descriptor(smem_addr(sV), BN * 128);
-
-  float o[D / 8][4] = {};
-  uint32_t pa[BN / 16][4];  // P of the latest tile, as A fragments
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // log2 domain; row_sum: this thread's part
-  float s[BN / 8][4];
-  // Waits for K(t) (kv: K) or V(t) (V) to land. In a varlen document's last, partial tile the rows past its end
-  // are zeroed (zero_rows) by both consumers, which meet there (the condition is the same for both).
-  const auto landed = [&](bool kv, int t) {
-    unsigned char* tile = (kv ? sK : sV) + t % 2 * Tr::kTileBytes;
-    mbar_wait((kv ? k_full : v_full) + t % 2, t / 2 % 2);
-    if (const int valid = doc.lk - vis.tiles[t] * BN; p.cu_seqlens_k != nullptr && valid < BN) {
-      zero_rows<BN, D, kConsumerThreads>(tile, valid, threadIdx.x - 128);
-      fence_proxy_async();
-      named_sync(kConsumersSync, kConsumerThreads);
-    }
-  };
-  // The consumer's warps are done with buffer t % 2 of K (kv) or V: one arrival per warp
-  const auto release = [&](bool kv, int t) {
-    if (lane == 0) mbar_arrive((kv ? k_empty : v_empty) + t % 2);
-  };
   // Ping-pong: a consumer issues its MMAs between its turn's start and the other's
   const auto my_turn = [&] { named_sync(kTurn0 + wg, kConsumerThreads); };
   const auto your_turn = [&] { named_arrive(kTurn0 + (1 - wg), kConsumerThreads); };
-  const auto issue_s = [&](int t) {  // S = Q K(t)^T; 16 columns of D are 32 bytes of a line, 64 columns a panel
+  for (int i = blockIdx.x, nq = 0, g = 0; i < items; i += gridDim.x) {
+    const FwdItem it = fwd_item(a, i);
+    const Document doc = fa2::document(p, it.b);
+    if (it.m_blk * BM >= doc.lq) continue;
+    const Visits vis = fa2::visits(p.schedule, it.b, it.h, it.m_blk);
+    const int m_blk = it.m_blk, b = it.b, h = it.h;
+    const int i0 = m_blk * BM + 64 * wg + 16 * (threadIdx.x / 32 % 4) + lane / 4;  // the thread's rows: i0, i0 + 8
+    float o[D / 8][4] = {};
+    uint32_t pa[BN / 16][4];  // P of the latest tile, as A fragments
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // log2 domain; row_sum: this thread's part
+    float s[BN / 8][4];
+    // Waits for K(t) (kv) or V(t) to land in buffer (g + t) % 2. In a varlen document's last, partial tile the rows
+    // past its end are zeroed (zero_rows) by both consumers, which meet there (the condition is the same for both).
+    const auto landed = [&](bool kv, int t) {
+      const int j = g + t;
+      unsigned char* tile = (kv ? sK : sV) + j % 2 * Tr::kTileBytes;
+      mbar_wait((kv ? k_full : v_full) + j % 2, j / 2 % 2);
+      if (const int valid = doc.lk - vis.tiles[t] * BN; p.cu_seqlens_k != nullptr && valid < BN) {
+        zero_rows<BN, D, kConsumerThreads>(tile, valid, threadIdx.x - 128);
+        fence_proxy_async();
+        named_sync(kConsumersSync, kConsumerThreads);
+      }
+    };
+    // The consumer's warps are done with K's (kv) or V's buffer of tile t: one arrival per warp
+    const auto release = [&](bool kv, int t) {
+      if (lane == 0) mbar_arrive((kv ? k_empty : v_empty) + (g + t) % 2);
+    };
+    const auto issue_s = [&](int t) {  // S = Q K(t)^T; 16 columns of D are 32 bytes of a line, 64 columns a panel
+      const int j = (g + t) % 2;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_ss<T, BN>(s, q_desc + ((kk / 4) * BM * 128 + (kk % 4) * 32) / 16,
-                      k_desc + ((t % 2) * Tr::kTileBytes + (kk / 4) * BN * 128 + (kk % 4) * 32) / 16, kk > 0);
-    wgmma_commit();
-  };
-  const auto issue_pv = [&](int t) {  // O += P(t) V(t); 16 keys are 16 lines of every panel
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_ss<T, BN>(s, q_desc + ((kk / 4) * BM * 128 + (kk % 4) * 32) / 16,
+                        k_desc + (j * Tr::kTileBytes + (kk / 4) * BN * 128 + (kk % 4) * 32) / 16, kk > 0);
+      wgmma_commit();
+    };
+    const auto issue_pv = [&](int t) {  // O += P(t) V(t); 16 keys are 16 lines of every panel
+      const int j = (g + t) % 2;
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_rs<T, D>(o, pa[kk], v_desc + ((t % 2) * Tr::kTileBytes + kk * 16 * 128) / 16);
-    wgmma_commit();
-  };
+      for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, D>(o, pa[kk], v_desc + (j * Tr::kTileBytes + kk * 16 * 128) / 16);
+      wgmma_commit();
+    };
 
-  if (vis.count > 0) {
-    if (wg == 1) your_turn();  // consumer 0 goes first
-    mbar_wait(q_full, 0);
-    landed(true, 0);
-    my_turn();
-    wgmma_fence();
-    issue_s(0);
-    your_turn();
-    wgmma_wait<0>();
-    release(true, 0);
-    pin<BN / 8>(s);
-    online_softmax<T, D, BN, kGeneral>(p, s, o, pa, row_max, row_sum, 0, vis, i0, doc, b, h, false);
-  }
-  for (int t = 1; t < vis.count; ++t) {
-    landed(true, t);
-    landed(false, t - 1);
-    pin<D / 8>(o);
-    my_turn();
-    wgmma_fence();
-    issue_s(t);
-    issue_pv(t - 1);
-    your_turn();
-    wgmma_wait<1>();  // S(t) is done; P V of the previous tile may still run
-    release(true, t);
-    pin<BN / 8>(s);
-    online_softmax<T, D, BN, kGeneral>(p, s, o, pa, row_max, row_sum, t, vis, i0, doc, b, h, true);
-    release(false, t - 1);  // the softmax waited for P V(t - 1)
-  }
-  if (vis.count > 0) {
-    landed(false, vis.count - 1);
-    pin<D / 8>(o);
-    my_turn();
-    wgmma_fence();
-    issue_pv(vis.count - 1);
-    if (wg == 0) your_turn();  // consumer 1's last turn is not awaited: its arrival would be left over
-    wgmma_wait<0>();
-    pin<D / 8>(o);
-  }
-
-  const float2 inv = fa2::finish_rows(p, row_max, row_sum, i0, doc, b, h);
-  // A whole query tile's O goes out by TMA from Q's buffer (each consumer's own rows of it, which only its S read):
-  // 128-byte lines instead of every thread's 4-byte stores. A tile past a varlen document's end keeps fa2's stores.
-  if (p.cu_seqlens_q == nullptr || (m_blk + 1) * BM <= doc.lq) {
-#pragma unroll
-    for (int d = 0; d < D / 8; ++d)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) o[d][c] *= c < 2 ? inv.x : inv.y;
-    store_swizzled<T, BM, D>(sQ, o, 64 * wg + 16 * (threadIdx.x / 32 % 4));
-    fence_proxy_async();
-    named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
-    if (threadIdx.x == 128) {
-      tma_store_tile<BM, D>(a.o, sQ, h, doc.q_start + m_blk * BM, batch);
-      bulk_commit();
-      bulk_wait_read<0>();  // the stores have read shared memory before the block ends
+    if (vis.count > 0) {
+      if (wg == 1) your_turn();  // consumer 0 goes first
+      mbar_wait(q_full, nq % 2);
+      landed(true, 0);
+      my_turn();
+      wgmma_fence();
+      issue_s(0);
+      your_turn();
+      wgmma_wait<0>();
+      release(true, 0);
+      pin<BN / 8>(s);
+      online_softmax<T, D, BN, kGeneral>(p, s, o, pa, row_max, row_sum, 0, vis, i0, doc, b, h, false);
     }
-  } else {
-    fa2::store_rows<T, D>(p, o, inv, i0, doc, b, h);
+    for (int t = 1; t < vis.count; ++t) {
+      landed(true, t);
+      landed(false, t - 1);
+      pin<D / 8>(o);
+      my_turn();
+      wgmma_fence();
+      issue_s(t);
+      issue_pv(t - 1);
+      your_turn();
+      wgmma_wait<1>();  // S(t) is done; P V of the previous tile may still run
+      release(true, t);
+      pin<BN / 8>(s);
+      online_softmax<T, D, BN, kGeneral>(p, s, o, pa, row_max, row_sum, t, vis, i0, doc, b, h, true);
+      release(false, t - 1);  // the softmax waited for P V(t - 1)
+    }
+    if (vis.count > 0) {
+      if (lane == 0) mbar_arrive(q_empty);  // every S is done: the next item's Q may come
+      landed(false, vis.count - 1);
+      pin<D / 8>(o);
+      my_turn();
+      wgmma_fence();
+      issue_pv(vis.count - 1);
+      if (wg == 0) your_turn();  // consumer 1's last turn is not awaited: its arrival would be left over
+      wgmma_wait<0>();
+      pin<D / 8>(o);
+      release(false, vis.count - 1);
+      ++nq;
+      g += vis.count;
+    }
+
+    const float2 inv = fa2::finish_rows(p, row_max, row_sum, i0, doc, b, h);
+    // A whole query tile's O goes out by TMA from its buffer: 128-byte lines instead of every thread's 4-byte stores.
+    // A tile past a varlen document's end keeps fa2's stores.
+    if (p.cu_seqlens_q == nullptr || (m_blk + 1) * BM <= doc.lq) {
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[d][c] *= c < 2 ? inv.x : inv.y;
+      if (threadIdx.x == 128) bulk_wait_read<0>();  // the last item's store has read sO
+      named_sync(kConsumersSync, kConsumerThreads);
+      store_swizzled<T, BM, D>(sO, o, 64 * wg + 16 * (threadIdx.x / 32 % 4));
+      fence_proxy_async();
+      named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
+      if (threadIdx.x == 128) {
+        tma_store_tile<BM, D>(a.o, sO, h, doc.q_start + m_blk * BM, p.cu_seqlens_q == nullptr ? b : 0);
+        bulk_commit();
+      }
+    } else {
+      fa2::store_rows<T, D>(p, o, inv, i0, doc, b, h);
+    }
   }
+  if (threadIdx.x == 128) bulk_wait_read<0>();  // before the block's shared memory goes
 #elif defined(__CUDA_ARCH__)
   __trap();  // another target's code: fa3.check never launches it there, and it must not pass silently
 #endif

@@ -49,7 +49,8 @@ CASES = {  # name: (head_dim, dtype, (Sq, Sk), (heads, kv heads), mask keyword a
     ),
 }  # fmt: skip
 # The fa3 kernels' instantiations (d64, d128; plain and general; both dtypes) and paths: GQA and MQA, rows without
-# keys, unequal lengths, the deterministic dQ pass (fa2's), dQ over all keys (d128) or a warpgroup's (d64).
+# keys, unequal lengths, the deterministic dQ pass (fa2's), dQ by D's halves; sliding windows run the persistent
+# forward (three emulated processors, each block taking several items).
 FA3_CASES = {
     "fa3-causal-d64-gqa": (64, torch.bfloat16, (130, 130), (4, 2), {"causal": True}),
     "fa3-global-window-d128-unequal": (
@@ -62,6 +63,7 @@ FA3_CASES = {
     ),
     "fa3-dense-d64-fp16-deterministic": (64, torch.float16, (70, 150), (2, 2), {"deterministic": True}),
     "fa3-causal-d100-padded": (100, torch.bfloat16, (70, 70), (2, 1), {"causal": True}),  # zero-padded to 128
+    "fa3-window-d64-persistent": (64, torch.bfloat16, (300, 300), (2, 1), {"causal": True, "window_size": (100, 0)}),
 }  # fmt: skip
 
 
