@@ -602,11 +602,10 @@ __global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const _
 
 // The backward's preprocessing: per (query row, head), delta = rowsum(dO * O) - dlse and the log2-domain
 // logsumexp the kernels subtract (+inf where the row sees no key). `group` lanes per row and head (a power of two
-// <= 32), float32 sums. With kVec = 8 each lane reads one 16-byte chunk of a row of up to 256 elements (a loop of
-// 2-byte reads made this pass latency-bound); kVec = 1 serves unaligned rows. Each lane group takes kPrepPairs
-// pairs and issues all their loads before the first sum: with one pair per lane the pass read O and dO at 2.7 TB/s
-// (0.20 ms at the 64k window). Pairs are taken head by head, so that neighbouring groups write neighbouring words of
-// logsumexp and delta (laid out head-major) instead of words a sequence apart.
+// <= 32), float32 sums. With kVec = 8 each lane reads 16-byte chunks, so a row of up to 256 elements takes one
+// round trip to memory (a loop of 2-byte reads made this pass latency-bound); kVec = 1 serves unaligned rows.
+// Pairs are taken head by head, so that neighbouring lanes write neighbouring words of logsumexp and delta (laid
+// out head-major) instead of words a sequence apart.
 struct PrepArgs {
   Tensor4 out, dout;         // the forward's output and its gradient (unpadded head dim)
   const float* lse;          // (B, H, Sq) or (H, total_q)
@@ -618,7 +617,6 @@ struct PrepArgs {
   int rows, heads, head_dim; // rows: B * Sq or total_q
   int group;                 // lanes per (row, head)
 };
-constexpr int kPrepPairs = 4;  // (row, head) pairs per lane group
 
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -628,66 +626,30 @@ struct alignas(N * sizeof(T)) Chunk {  // N elements read as one load
   T x[N];
 };
 
-struct PrepPair {
-  bool valid;  // inside the rows: a warp's lanes all reach the shuffles either way
-  int b, i, h;
-};
-
-// The lane group's pair j of its block: at each j, the block's groups take neighbouring pairs
-__device__ __forceinline__ PrepPair prep_pair(const PrepArgs& a, int j) {
-  const int groups = blockDim.x / a.group;
-  const int64_t pair = (static_cast<int64_t>(blockIdx.x) * kPrepPairs + j) * groups + threadIdx.x / a.group;
-  const int h = static_cast<int>(pair / a.rows), row = static_cast<int>(pair % a.rows);
-  return {pair < static_cast<int64_t>(a.rows) * a.heads, a.seqlen_q > 0 ? row / a.seqlen_q : 0,
-          a.seqlen_q > 0 ? row % a.seqlen_q : row, h};
-}
-
 template <typename T, int kVec>
 __global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
+  const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / a.group;
   const int member = threadIdx.x % a.group;
-  PrepPair pairs[kPrepPairs];
-  float sum[kPrepPairs];
+  const bool valid = pair < static_cast<int64_t>(a.rows) * a.heads;  // a warp's lanes all reach the shuffles
+  const int h = static_cast<int>(pair / a.rows), row = static_cast<int>(pair % a.rows);
+  const int b = a.seqlen_q > 0 ? row / a.seqlen_q : 0, i = a.seqlen_q > 0 ? row % a.seqlen_q : row;
+  float sum = 0.f;
+  if (valid) {
+    const T* o = row_ptr<const T>(a.out, b, 0, i, h);
+    const T* d = row_ptr<const T>(a.dout, b, 0, i, h);
+    for (int c = member * kVec; c < a.head_dim; c += a.group * kVec) {
+      const Chunk<T, kVec> x = *reinterpret_cast<const Chunk<T, kVec>*>(o + c);
+      const Chunk<T, kVec> y = *reinterpret_cast<const Chunk<T, kVec>*>(d + c);
 #pragma unroll
-  for (int j = 0; j < kPrepPairs; ++j) pairs[j] = prep_pair(a, j);
-  if constexpr (kVec == 8) {  // one chunk per lane and pair (the host's group): loads first, then the sums
-    Chunk<T, 8> x[kPrepPairs], y[kPrepPairs];
-    bool loaded[kPrepPairs];
-#pragma unroll
-    for (int j = 0; j < kPrepPairs; ++j) {
-      const PrepPair& q = pairs[j];
-      loaded[j] = q.valid && member * 8 < a.head_dim;
-      if (loaded[j]) {
-        x[j] = *reinterpret_cast<const Chunk<T, 8>*>(row_ptr<const T>(a.out, q.b, 0, q.i, q.h) + member * 8);
-        y[j] = *reinterpret_cast<const Chunk<T, 8>*>(row_ptr<const T>(a.dout, q.b, 0, q.i, q.h) + member * 8);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kPrepPairs; ++j) {
-      sum[j] = 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sum[j] += loaded[j] ? to_float(x[j].x[e]) * to_float(y[j].x[e]) : 0.f;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kPrepPairs; ++j) {
-      const PrepPair& q = pairs[j];
-      sum[j] = 0.f;
-      if (!q.valid) continue;
-      const T* o = row_ptr<const T>(a.out, q.b, 0, q.i, q.h);
-      const T* d = row_ptr<const T>(a.dout, q.b, 0, q.i, q.h);
-      for (int c = member; c < a.head_dim; c += a.group) sum[j] += to_float(o[c]) * to_float(d[c]);
+      for (int e = 0; e < kVec; ++e) sum += to_float(x.x[e]) * to_float(y.x[e]);
     }
   }
-#pragma unroll
-  for (int j = 0; j < kPrepPairs; ++j) {
-    for (int offset = a.group / 2; offset > 0; offset /= 2) sum[j] += __shfl_xor_sync(0xffffffff, sum[j], offset);
-    const PrepPair& q = pairs[j];
-    if (q.valid && member == 0) {
-      const int64_t at = q.b * a.lse_batch_stride + q.h * a.lse_head_stride + q.i;
-      const float lse = a.lse[at];
-      a.lse_log2[at] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-      a.delta[at] = sum[j] - (a.dlse != nullptr ? a.dlse[at] : 0.f);
-    }
+  for (int offset = a.group / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+  if (valid && member == 0) {
+    const int64_t at = b * a.lse_batch_stride + h * a.lse_head_stride + i;
+    const float lse = a.lse[at];
+    a.lse_log2[at] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    a.delta[at] = sum - (a.dlse != nullptr ? a.dlse[at] : 0.f);
   }
 }
 

@@ -275,10 +275,8 @@ void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& ls
   const bool vec = aligned(out) && aligned(dout);
   a.group = 32;
   while (vec && a.group > 1 && a.group / 2 * 8 >= a.head_dim) a.group /= 2;  // the fewest lanes for one chunk each
-  TORCH_CHECK(!vec || a.group * 8 >= a.head_dim, "prepare: head_dim ", a.head_dim, " is over 256");
   constexpr int kThreads = 256;
-  const int64_t pairs_per_block = static_cast<int64_t>(kThreads / a.group) * kPrepPairs;
-  const int64_t blocks = (static_cast<int64_t>(a.rows) * a.heads + pairs_per_block - 1) / pairs_per_block;
+  const int64_t blocks = (static_cast<int64_t>(a.rows) * a.heads * a.group + kThreads - 1) / kThreads;
   if (blocks == 0) return;
   const dim3 grid(static_cast<unsigned>(blocks));
   by_type(out, [&](auto tag) {
