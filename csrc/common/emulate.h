@@ -20,6 +20,8 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
+#include <numeric>
+#include <random>
 #include <stdexcept>
 #include <type_traits>
 #include <unordered_map>
@@ -343,7 +345,11 @@ inline void run_block(int threads, int schedule) {
   }
 }
 
-// Runs kernel(args) over the grid, one block at a time, each thread a fiber.
+inline unsigned launches = 0;  // launches so far: the seed of the next one's block order
+
+// Runs kernel(args) over the grid, one block at a time, each thread a fiber, the blocks in an order shuffled anew
+// at each launch (seeded by its number, so that a run repeats): a kernel whose result depends on the order of its
+// blocks (one block's copy overwriting another's) shows it over a few launches.
 template <typename Args>
 void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
   constexpr size_t kStack = 256 * 1024;
@@ -359,32 +365,34 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
   block.group_scratch.assign(threads / 128, GroupScratch{});
   block.body = &run_kernel<Args>;
   block.args = &args;
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        blockIdx = dim3(x, y, z);
-        block.block_barrier = Barrier{threads, 0, 0};
-        block.mbarriers.clear();
-        for (Barrier& b : block.named) b = Barrier{};
-        for (int t = 0; t < threads; ++t) {
-          Fiber& f = block.fibers[t];
-          f.done = false;
-          f.waiting_on = nullptr;
-          f.open.clear();  // copies still in flight when the previous block ended never land
-          f.groups.clear();
-          f.bulk_open.clear();
-          f.bulk_groups.clear();
-          getcontext(&f.context);
-          f.context.uc_stack.ss_sp = f.stack.data();
-          f.context.uc_stack.ss_size = f.stack.size();
-          f.context.uc_link = nullptr;
-          makecontext(&f.context, fiber_entry, 0);
-        }
-        run_block(threads, static_cast<int>((z * grid.y + y) * grid.x + x) % 4);
-        for (const Barrier& b : block.named) {
-          if (b.arrived != 0) throw std::runtime_error("emulated kernel left a named barrier with unmatched arrivals");
-        }
-      }
+  std::vector<unsigned> order(grid.x * grid.y * grid.z);
+  std::iota(order.begin(), order.end(), 0u);
+  std::shuffle(order.begin(), order.end(), std::mt19937(++launches));
+  for (const unsigned at : order) {
+    const unsigned x = at % grid.x, y = at / grid.x % grid.y, z = at / grid.x / grid.y;
+    blockIdx = dim3(x, y, z);
+    block.block_barrier = Barrier{threads, 0, 0};
+    block.mbarriers.clear();
+    for (Barrier& b : block.named) b = Barrier{};
+    for (int t = 0; t < threads; ++t) {
+      Fiber& f = block.fibers[t];
+      f.done = false;
+      f.waiting_on = nullptr;
+      f.open.clear();  // copies still in flight when the previous block ended never land
+      f.groups.clear();
+      f.bulk_open.clear();
+      f.bulk_groups.clear();
+      getcontext(&f.context);
+      f.context.uc_stack.ss_sp = f.stack.data();
+      f.context.uc_stack.ss_size = f.stack.size();
+      f.context.uc_link = nullptr;
+      makecontext(&f.context, fiber_entry, 0);
+    }
+    run_block(threads, static_cast<int>((z * grid.y + y) * grid.x + x) % 4);
+    for (const Barrier& b : block.named) {
+      if (b.arrived != 0) throw std::runtime_error("emulated kernel left a named barrier with unmatched arrivals");
+    }
+  }
 }
 
 }  // namespace legalpt::emu

@@ -70,10 +70,21 @@ FA3_CASES = {
 @pytest.fixture(autouse=True)
 def _emulated_kernels(monkeypatch):
     """The fa2 and fa3 backends with their kernels' CPU build: the device and build checks are the GPU's, so only
-    the input checks stay."""
+    the input checks stay. torch.empty fills floating tensors with NaN, as the GPU's reused memory would hold
+    anything."""
     monkeypatch.setattr(fa2, "check", fa2.check_inputs)
     monkeypatch.setattr(fa3, "check", fa2.check_inputs)
     monkeypatch.setattr(kernels, "fa2", kernels.fa2_emulated)
+    for name in ("empty", "empty_like"):  # every word the kernels leave unwritten shows as NaN
+        monkeypatch.setattr(torch, name, _poisoned(getattr(torch, name)))
+
+
+def _poisoned(make):
+    def poisoned(*args, **kwargs):
+        t = make(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    return poisoned
 
 
 def _check(q, k, v, kw: dict, cu: tuple | None = None, backend: str = "fa2") -> None:
