@@ -283,9 +283,11 @@ inline bool parked(const Fiber& f, bool warpgroups) {
 
 inline void fiber_entry() {
   block.body(block.args);
-  bulk_commit();
-  bulk_wait(0);  // a thread's bulk operations complete on their own after it ends
-  block.fibers[block.current].done = true;
+  Fiber& f = block.fibers[block.current];
+  if (!f.bulk_open.empty() || !f.bulk_groups.empty()) {  // they would read shared memory the block no longer owns
+    block.fault = "emulated kernel ended with TMA stores or reductions it never waited for (bulk_wait_read)";
+  }
+  f.done = true;
   ++block.events;
   swapcontext(&block.fibers[block.current].context, &block.scheduler);
 }
@@ -388,7 +390,7 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
       f.context.uc_link = nullptr;
       makecontext(&f.context, fiber_entry, 0);
     }
-    run_block(threads, static_cast<int>((z * grid.y + y) * grid.x + x) % 4);
+    run_block(threads, static_cast<int>(at % 4));
     for (const Barrier& b : block.named) {
       if (b.arrived != 0) throw std::runtime_error("emulated kernel left a named barrier with unmatched arrivals");
     }

@@ -122,6 +122,8 @@ inline fa3::TensorMap tensor_map(const at::Tensor& t, int box_rows) {
   int64_t strides[3] = {t.stride(-2), t.stride(-3), packed ? 0 : t.stride(0)};  // heads, rows, batches
   for (int d = 0; d < 3; ++d)
     if (dims[d + 1] == 1) strides[d] = d == 0 ? dims[0] : dims[d] * strides[d - 1];
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf || t.scalar_type() == at::kFloat,
+              "fa3: TMA maps of bfloat16, float16 or float32 tensors, got ", t.scalar_type());
   const fa3::Element element = t.scalar_type() == at::kBFloat16 ? fa3::Element::kBf16
                                : t.scalar_type() == at::kHalf   ? fa3::Element::kF16
                                                                 : fa3::Element::kF32;
@@ -220,7 +222,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
                               tensor_map(v, Tr::kBlockN),
                               tensor_map(dk, Tr::kBlockN),
                               tensor_map(dv, Tr::kBlockN),
-                              tensor_map(dq_accum, 64)};
+                              tensor_map(dq_accum, Tr::kBlockM)};
       launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
 #endif
     } else {

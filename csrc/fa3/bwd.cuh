@@ -62,7 +62,7 @@ struct BwdArgs {
   Params p;
   TensorMap q, dout, k, v;
   TensorMap dk, dv;  // stores of whole key tiles (boxes of kBlockN rows)
-  TensorMap dq;      // reductions into dq_accum (float32, boxes of 64 rows)
+  TensorMap dq;      // reductions into dq_accum (float32, boxes of kBlockM rows)
 };
 
 // The dQ warp of the backward's producer: per visited query tile, once the consumers have stored its dQ (BM x D,
@@ -80,9 +80,7 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
     if (threadIdx.x % 32 == 0) {
       const int h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
 #pragma unroll
-      for (int rows = 0; rows < BM; rows += 64)
-#pragma unroll
-        for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128 + rows * 128, 32 * c, h, row + rows, batch);
+      for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128, 32 * c, h, row, batch);
       bulk_commit();
       bulk_wait_read<0>();  // the reductions have read sdQ
     }
@@ -308,8 +306,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     work = next;
     fa2::advance(p, next, b, hk, n_blk, chunk);
   }
-  // A whole key tile goes out by TMA from the query stages' buffers (free once both consumers are done, each at
-  // least a (BN, D) tile): 128-byte lines instead of every thread's 4-byte stores. A tile past a varlen document's
+  // A whole key tile goes out by TMA from the query stages' buffers (free once both consumers are done; Q's two
+  // stages together hold one (BN, D) tile, and so do dO's): 128-byte lines instead of every thread's 4-byte stores. A tile past a varlen document's
   // end and a split tile's part (float32 sums) keep fa2's stores.
   if (!split && (p.cu_seqlens_k == nullptr || (n_blk + 1) * BN <= doc.lk)) {
     static_assert(2 * Tr::kQueryTileBytes >= Tr::kKeyTileBytes, "dK and dV each fit the query stages' buffers");

@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a and the CPU emulation
   using Tr = FwdTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, kConsumerThreads = Tr::kConsumerThreads;
-  static_assert(BM == BN, "Q, K and V share the tensor maps' box of 128 rows");
+  static_assert(BM == BN, "the forward is written for square tiles");
   const Params& p = a.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* sQ = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BM, D), swizzled

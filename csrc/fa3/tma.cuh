@@ -1,6 +1,6 @@
 // TMA (Hopper's tensor memory accelerator) for the fa3 kernels: a tensor map describes a (B, S, H, D) or packed
-// (total, H, D) tensor as 4-D {D, H, rows, batches}; one copy brings a box of (rows, 64) elements of one head into a
-// shared-memory panel in the 128-byte swizzle of wgmma.cuh, zero-filling rows past the tensor's end. Copies complete
+// (total, H, D) tensor as 4-D {D, H, rows, batches}; one copy brings a box of (rows, 128 bytes: 64 two-byte or 32
+// float32 columns) of one head into a shared-memory panel in the 128-byte swizzle of wgmma.cuh, zero-filling rows past the tensor's end. Copies complete
 // on an mbarrier in shared memory, which counts their bytes: the consumers wait on its phase instead of a cp.async
 // group, and no proxy fence is needed (TMA writes through the async proxy that wgmma reads). Rows past a document's
 // end but inside the tensor (varlen) hold the next document's values: the kernels zero them (zero_rows). Stores
@@ -30,7 +30,8 @@ struct alignas(64) TensorMap {
   uint64_t opaque[16];  // a CUtensorMap, filled on the host by cuTensorMapEncodeTiled (host.h)
 };
 
-// `arrivals` per phase: 1 for a barrier of copies (the issuing thread's), the consumers' for one that frees a buffer.
+// `arrivals` per phase: 1 for a barrier of TMA copies (the issuing thread's), plus the lanes whose cp.async copies
+// arrive on it (cp_async_arrive), or the consumers' warps for one that frees a buffer.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int arrivals = 1) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
 }
@@ -184,37 +185,39 @@ inline unsigned char* box_chunk(const TensorMap& map, int col, int head, int row
   return const_cast<unsigned char*>(map.base) + batch * map.strides[2] + row * map.strides[1] +
          head * map.strides[0] + col * map.element_bytes + 16 * c;
 }
+// fn(offset in the swizzled panel, global address or nullptr) for every 16-byte chunk of a box
+template <typename Fn>
+inline void for_box_chunks(const TensorMap& map, int col, int head, int row, int batch, Fn fn) {
+  for (int r = 0; r < map.box_rows; ++r)
+    for (int c = 0; c < 8; ++c) fn(swizzled<64>(r, c), box_chunk(map, col, head, row + r, batch, c));
+}
 inline void tma_load(void* dst, const TensorMap& map, int col, int head, int row, int batch, uint64_t* bar) {
   unsigned char* out = static_cast<unsigned char*>(dst);
-  for (int r = 0; r < map.box_rows; ++r)
-    for (int c = 0; c < 8; ++c)
-      emu::mbarrier(bar).copy(out + swizzled<64>(r, c), box_chunk(map, col, head, row + r, batch, c));
+  for_box_chunks(map, col, head, row, batch,
+                 [&](int at, unsigned char* from) { emu::mbarrier(bar).copy(out + at, from); });
 }
-inline void tma_store_now(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
-  const unsigned char* in = static_cast<const unsigned char*>(src);
-  for (int r = 0; r < map.box_rows; ++r)
-    for (int c = 0; c < 8; ++c)
-      if (unsigned char* to = box_chunk(map, col, head, row + r, batch, c)) {
-        std::memcpy(to, in + swizzled<64>(r, c), 16);
-      }
-}
-inline void tma_reduce_add_now(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
-  const unsigned char* in = static_cast<const unsigned char*>(src);
-  for (int r = 0; r < map.box_rows; ++r)
-    for (int c = 0; c < 8; ++c)  // float32: four to a chunk
-      if (unsigned char* to = box_chunk(map, col, head, row + r, batch, c)) {
-        float x[4], y[4];
-        std::memcpy(x, in + swizzled<64>(r, c), 16);
-        std::memcpy(y, to, 16);
-        for (int e = 0; e < 4; ++e) y[e] += x[e];
-        std::memcpy(to, y, 16);
-      }
-}
+// The bulk operations run when a wait for their group returns; they keep a copy of the map (the kernel's argument
+// may be gone by then).
 inline void tma_store(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
-  emu::bulk_issue([=, &map] { tma_store_now(map, src, col, head, row, batch); });
+  const unsigned char* in = static_cast<const unsigned char*>(src);
+  emu::bulk_issue([=] {
+    for_box_chunks(map, col, head, row, batch, [&](int at, unsigned char* to) {
+      if (to != nullptr) std::memcpy(to, in + at, 16);
+    });
+  });
 }
 inline void tma_reduce_add(const TensorMap& map, const void* src, int col, int head, int row, int batch) {
-  emu::bulk_issue([=, &map] { tma_reduce_add_now(map, src, col, head, row, batch); });
+  const unsigned char* in = static_cast<const unsigned char*>(src);
+  emu::bulk_issue([=] {
+    for_box_chunks(map, col, head, row, batch, [&](int at, unsigned char* to) {
+      if (to == nullptr) return;
+      float x[4], y[4];  // float32: four to a chunk
+      std::memcpy(x, in + at, 16);
+      std::memcpy(y, to, 16);
+      for (int e = 0; e < 4; ++e) y[e] += x[e];
+      std::memcpy(to, y, 16);
+    });
+  });
 }
 inline void bulk_commit() { emu::bulk_commit(); }
 template <int N>
@@ -224,7 +227,7 @@ inline void bulk_wait_read() {
 #endif
 
 // A whole swizzled (ROWS, D) tile, its D / 64 panels of ROWS lines one box each: rows [row, row + ROWS) of head
-// `head` of `map` into `dst` on `bar`, or from `src` (one bulk group of this thread's stores).
+// `head` of `map` into `dst` on `bar`, or from `src` (stores of this thread's open bulk group: bulk_commit follows).
 template <int ROWS, int D>
 __device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TensorMap& map, int head, int row, int batch,
                                               uint64_t* bar) {

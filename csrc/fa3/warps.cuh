@@ -1,13 +1,14 @@
 // Warp specialization (Hopper): a producer warpgroup issues the TMA copies and consumer warpgroups compute, as in
 // FA3. The producer gives most of its registers to the consumers (setmaxnreg), and the consumers meet at named
-// barriers of their own threads alone, which the producer never reaches.
+// barriers; the backward's dQ warp of the producer joins two of them (kDqFree, kDqStored).
 #pragma once
 
 #include "../common/ptx.cuh"
 
 namespace legalpt::fa3 {
 
-// The named barriers of the fa3 kernels (ids; 0 is __syncthreads'), each of the consumers' threads alone.
+// The named barriers of the fa3 kernels (ids; 0 is __syncthreads'): the consumers' threads, and for kDqFree and
+// kDqStored the backward's dQ warp beside them.
 enum NamedBarrier {
   kConsumersSync = 1,  // every consumer thread: zeroed rows, stored epilogue tiles
   kDsStored = 2,       // the backward: both consumers' dS^T are in shared memory

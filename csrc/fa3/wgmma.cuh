@@ -6,8 +6,9 @@
 // lane / 4 + 8 (c / 2), column 8 j + 2 (lane % 4) + c % 2. An A operand in registers has mma.sync's m16k16 layout.
 //
 // Operands in shared memory are read through 64-bit descriptors; ours are all in the 128-byte swizzle: a (rows, D)
-// tile is stored as D / 64 panels of (rows, 64) elements, one 128-byte line per row, and the 16-byte chunk c of row
-// r sits at chunk c ^ (r % 8) of its line (which also spreads ldmatrix-free copies over the banks). Panels start
+// tile is stored as D / 64 panels of (rows, 64) elements (the backward's float32 dQ tile, which no wgmma reads:
+// D / 32 panels of 32), one 128-byte line per row, and the 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its
+// line (which also spreads ldmatrix-free copies over the banks). Panels start
 // on 1024-byte boundaries, where the swizzle pattern repeats.
 #pragma once
 

@@ -77,6 +77,7 @@ def _emulated_kernels(monkeypatch):
     monkeypatch.setattr(kernels, "fa2", kernels.fa2_emulated)
     for name in ("empty", "empty_like"):  # every word the kernels leave unwritten shows as NaN
         monkeypatch.setattr(torch, name, _poisoned(getattr(torch, name)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", _poisoned(torch.Tensor.new_empty))
 
 
 def _poisoned(make):
