@@ -122,7 +122,7 @@ def backward(
     delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
     ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta)
     dq_accum = torch.zeros(qk.shape, device=q.device, dtype=torch.float32)
-    dk, dv = torch.empty_like(kk), torch.empty_like(vk)
+    dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (kk, vk))  # contiguous, as ops promise
     split_tiles, split_chunks = _split(spec.global_tokens, max_seqlen_q, max_seqlen_k, tile, deterministic)
     documents = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
     rows = split_tiles * tile[1]  # (documents, rows, key heads, dK and dV)

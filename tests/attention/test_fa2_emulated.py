@@ -218,3 +218,15 @@ def test_emulation_synchronizes_as_the_hardware():
         ext.check_emulation("named_barrier_left_over")
     with pytest.raises(RuntimeError, match="arrived at an mbarrier again"):
         ext.check_emulation("mbarrier_extra_arrival")
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_emulated_gradients_contiguous_for_permuted_inputs(backend: str, rng):
+    """Dense inputs in another order of dimensions ((B, H, S, D) transposed) reach the kernels as they are; their
+    gradients still come back contiguous, as the custom op's fake promises."""
+    q, k, v = (
+        torch.randn(2, 2, 70, 64, dtype=torch.bfloat16).transpose(1, 2).detach().requires_grad_() for _ in range(3)
+    )
+    out = flash_attn_func(q, k, v, causal=True, backend=backend)
+    grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+    assert all(g.is_contiguous() for g in grads), [g.stride() for g in grads]
