@@ -40,7 +40,8 @@ struct BwdTraits {
   static constexpr int kBlockN = 128;  // keys per block: 64 per consumer, the M of every wgmma
   static constexpr int kThreads = 384;  // the producer warpgroup, then two consumers
   static constexpr int kConsumerThreads = 256;
-  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;  // as the forward's
+  static constexpr int kProducerRegisters = FwdTraits<T, D>::kProducerRegisters;  // the forward's split
+  static constexpr int kConsumerRegisters = FwdTraits<T, D>::kConsumerRegisters;
   static constexpr int kKeyTileBytes = kBlockN * D * sizeof(T);    // K or V
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
   static constexpr int kDsBytes = kBlockN * kBlockM * sizeof(T);   // dS^T, one buffer
@@ -70,10 +71,9 @@ struct BwdArgs {
 // have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked to 0).
 template <typename Tr>
 __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
-                                             const Document& doc, int b, int hk, int n_blk, int chunk) {
+                                             const Document& doc, int b, int batch, int hk, int n_blk, int chunk) {
   constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
   const Params& p = a.p;
-  const int batch = p.cu_seqlens_q == nullptr ? b : 0;
   for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk)) {
     named_arrive(kDqFree, Tr::kDqThreads);
     named_sync(kDqStored, Tr::kDqThreads);
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     mbar_fence_init();
   }
   __syncthreads();  // the barriers are initialized; the warpgroups part here
-  const int batch = p.cu_seqlens_q == nullptr ? b : 0;  // the tensor maps' batch coordinate (one packed row: 0)
+  const int batch = map_batch(p, b);
   fa2::BwdWork work{-1, 0, 0, 0, {}};
   fa2::advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
 
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum
     const int warp = threadIdx.x / 32;
     if (warp == 2) {
-      if (!p.deterministic) add_dq_tiles<Tr>(a, work, sdQ, doc, b, hk, n_blk, chunk);
+      if (!p.deterministic) add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk);
       return;
     }
     if (warp > 1 || (warp == 0 && lane != 0)) return;
@@ -307,8 +307,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     fa2::advance(p, next, b, hk, n_blk, chunk);
   }
   // A whole key tile goes out by TMA from the query stages' buffers (free once both consumers are done; Q's two
-  // stages together hold one (BN, D) tile, and so do dO's): 128-byte lines instead of every thread's 4-byte stores. A tile past a varlen document's
-  // end and a split tile's part (float32 sums) keep fa2's stores.
+  // stages together hold one (BN, D) tile, and so do dO's): 128-byte lines instead of every thread's 4-byte stores.
+  // A tile past a varlen document's end and a split tile's part (float32 sums) keep fa2's stores.
   if (!split && (p.cu_seqlens_k == nullptr || (n_blk + 1) * BN <= doc.lk)) {
     static_assert(2 * Tr::kQueryTileBytes >= Tr::kKeyTileBytes, "dK and dV each fit the query stages' buffers");
     named_sync(kConsumersSync, kConsumerThreads);  // both consumers are done with the query stages

@@ -1,8 +1,8 @@
 // FA3 forward (Hopper, sm90a): blocks of three warpgroups, each taking items (query tile of 128 rows, document, head)
 // in turn, every gridDim.x-th: persistent, one block per processor as in FA3, where the items cost alike (the host
 // decides, csrc/fa2/host.h), else one block per item. A producer issues every copy (TMA, tma.cuh); two consumers
-// compute 64 query rows each. The producer gives its registers to the consumers (warps.cuh). S = Q K^T and O += P V run on wgmma (wgmma.cuh): Q, K and V in
-// swizzled shared memory, P straight from the registers S was computed in. Per visited key tile t, each consumer
+// compute 64 query rows each. The producer gives its registers to the consumers (warps.cuh). S = Q K^T and O += P V
+// run on wgmma (wgmma.cuh): Q, K and V in swizzled shared memory, P straight from the registers S was computed in. Per visited key tile t, each consumer
 // issues S(t) and then O += P(t-1) V(t-1), both asynchronous, waits for S(t) alone and computes its softmax while
 // the tensor cores still run P V: FA3's overlap inside a warpgroup. Between the two consumers, ping-pong: each issues
 // its MMAs only in its turn, which the other hands over after issuing its own, so that one's softmax runs beside the
@@ -53,6 +53,9 @@ struct FwdArgs {
   TensorMap o;             // stores of whole query tiles
   int m_tiles, documents;  // query tiles of the longest document; items: m_tiles x documents x heads
 };
+
+// The tensor maps' batch coordinate of document b: its batch row, or 0 on a packed varlen axis (a single row)
+__device__ __forceinline__ int map_batch(const Params& p, int b) { return p.cu_seqlens_q == nullptr ? b : 0; }
 
 // Item i: a head's query tiles in turn, the last (under causal the longest) first, so that the blocks at work at once
 // share a head's K and V in L2.
@@ -133,7 +136,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       const Document doc = fa2::document(p, it.b);
       const Visits vis = fa2::visits(p.schedule, it.b, it.h, it.m_blk);
       if (it.m_blk * BM >= doc.lq || vis.count == 0) continue;
-      const int hk = it.h / p.kv_group, batch = p.cu_seqlens_q == nullptr ? it.b : 0;
+      const int hk = it.h / p.kv_group, batch = map_batch(p, it.b);
       // K(t) or V(t) of this item, the block's tile g + t, into buffer (g + t) % 2 once its tile g + t - 2 is done
       const auto load_kv = [&](unsigned char* tiles, uint64_t* full, uint64_t* empty, const TensorMap& map, int t) {
         const int j = g + t;
@@ -203,7 +206,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     const auto issue_pv = [&](int t) {  // O += P(t) V(t); 16 keys are 16 lines of every panel
       const int j = (g + t) % 2;
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<T, D>(o, pa[kk], v_desc + (j * Tr::kTileBytes + kk * 16 * 128) / 16);
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_rs<T, D>(o, pa[kk], v_desc + (j * Tr::kTileBytes + kk * 16 * 128) / 16);
       wgmma_commit();
     };
 
@@ -264,7 +268,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       fence_proxy_async();
       named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
       if (threadIdx.x == 128) {
-        tma_store_tile<BM, D>(a.o, sO, h, doc.q_start + m_blk * BM, p.cu_seqlens_q == nullptr ? b : 0);
+        tma_store_tile<BM, D>(a.o, sO, h, doc.q_start + m_blk * BM, map_batch(p, b));
         bulk_commit();
       }
     } else {

@@ -1,6 +1,6 @@
 // TMA (Hopper's tensor memory accelerator) for the fa3 kernels: a tensor map describes a (B, S, H, D) or packed
-// (total, H, D) tensor as 4-D {D, H, rows, batches}; one copy brings a box of (rows, 128 bytes: 64 two-byte or 32
-// float32 columns) of one head into a shared-memory panel in the 128-byte swizzle of wgmma.cuh, zero-filling rows past the tensor's end. Copies complete
+// (total, H, D) tensor as 4-D {D, H, rows, batches}; one copy brings a box of (rows, 128 bytes) of one head into a
+// shared-memory panel in the 128-byte swizzle of wgmma.cuh, zero-filling rows past the tensor's end. Copies complete
 // on an mbarrier in shared memory, which counts their bytes: the consumers wait on its phase instead of a cp.async
 // group, and no proxy fence is needed (TMA writes through the async proxy that wgmma reads). Rows past a document's
 // end but inside the tensor (varlen) hold the next document's values: the kernels zero them (zero_rows). Stores
@@ -179,9 +179,8 @@ inline void cp_async_arrive(uint64_t* bar) {  // the thread's copies land with t
 inline void mbar_wait(uint64_t* bar, int phase) { emu::mbarrier(bar).wait(phase); }
 // A box line's 16-byte chunk c (of 8): its global address, or nullptr where it lies past the tensor.
 inline unsigned char* box_chunk(const TensorMap& map, int col, int head, int row, int batch, int c) {
-  if (row >= map.dims[2] || head >= map.dims[1] || batch >= map.dims[3] || col + 16 * c / map.element_bytes >= map.dims[0]) {
-    return nullptr;
-  }
+  const bool inside = row < map.dims[2] && head < map.dims[1] && batch < map.dims[3];
+  if (!inside || col + 16 * c / map.element_bytes >= map.dims[0]) return nullptr;
   return const_cast<unsigned char*>(map.base) + batch * map.strides[2] + row * map.strides[1] +
          head * map.strides[0] + col * map.element_bytes + 16 * c;
 }
