@@ -49,8 +49,9 @@ CASES = {  # name: (head_dim, dtype, (Sq, Sk), (heads, kv heads), mask keyword a
     ),
 }  # fmt: skip
 # The fa3 kernels' instantiations (d64, d128; plain and general; both dtypes) and paths: GQA and MQA, rows without
-# keys, unequal lengths, the deterministic dQ pass (fa2's), dQ by D's halves; sliding windows run the persistent
-# forward (three emulated processors, each block taking several items).
+# keys, unequal lengths, the deterministic dQ pass (fa2's), dQ by D's halves, dQ written by the block that adds a
+# query tile's last part and zeroed where no key tile visits; sliding windows run the persistent forward (three
+# emulated processors, each block taking several items).
 FA3_CASES = {
     "fa3-causal-d64-gqa": (64, torch.bfloat16, (130, 130), (4, 2), {"causal": True}),
     "fa3-global-window-d128-unequal": (
@@ -64,6 +65,8 @@ FA3_CASES = {
     "fa3-dense-d64-fp16-deterministic": (64, torch.float16, (70, 150), (2, 2), {"deterministic": True}),
     "fa3-causal-d100-padded": (100, torch.bfloat16, (70, 70), (2, 1), {"causal": True}),  # zero-padded to 128
     "fa3-window-d64-persistent": (64, torch.bfloat16, (300, 300), (2, 1), {"causal": True, "window_size": (100, 0)}),
+    # bottom-right causal: the first 140 rows see no key, so no key tile visits query tiles 0 and 1
+    "fa3-causal-unvisited-query-tiles-d64": (64, torch.bfloat16, (200, 60), (2, 1), {"causal": True}),
 }  # fmt: skip
 
 
@@ -111,6 +114,8 @@ def _check(q, k, v, kw: dict, cu: tuple | None = None, backend: str = "fa2") -> 
     plain = torch.autograd.grad((plain_out.double() * g).sum(), (q, k, v))
     for name, *triple in zip("qkv", grads, exact, plain, strict=True):
         assert_flash_attn_rule(f"d{name}", *triple, ratio=3, atol=3e-5)
+    for workspace in fa2._workspaces.values():  # the next backward sums into it: the fa3 kernel must leave zeros
+        assert not workspace.any(), "the fa3 backward left nonzero sums in its dQ workspace"
 
 
 def _qkv(q_shape: tuple, kv_shape: tuple, dtype: torch.dtype) -> tuple:
