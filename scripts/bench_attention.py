@@ -268,7 +268,7 @@ def peak_mib(step: Callable[[], object], device: torch.device) -> float | None:
         step()
         return None
     torch.cuda.synchronize(device)
-    fa2.release_workspaces()  # so that the backward's dQ workspace counts in the peak, as it would on a first call
+    fa2.release_workspaces()  # so that the fa3 backward's dQ workspace counts in the peak, as it would on a first call
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     result = step()
