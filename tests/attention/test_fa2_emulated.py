@@ -49,9 +49,8 @@ CASES = {  # name: (head_dim, dtype, (Sq, Sk), (heads, kv heads), mask keyword a
     ),
 }  # fmt: skip
 # The fa3 kernels' instantiations (d64, d128; plain and general; both dtypes) and paths: GQA and MQA, rows without
-# keys, unequal lengths, the deterministic dQ pass (fa2's), dQ by D's halves, dQ written by the block that adds a
-# query tile's last part and zeroed where no key tile visits; sliding windows run the persistent forward (three
-# emulated processors, each block taking several items).
+# keys, unequal lengths, the deterministic dQ pass (fa2's), dQ by D's halves, query tiles no key tile visits (dQ
+# zero); sliding windows run the persistent forward (three emulated processors, each block taking several items).
 FA3_CASES = {
     "fa3-causal-d64-gqa": (64, torch.bfloat16, (130, 130), (4, 2), {"causal": True}),
     "fa3-global-window-d128-unequal": (
@@ -114,8 +113,6 @@ def _check(q, k, v, kw: dict, cu: tuple | None = None, backend: str = "fa2") -> 
     plain = torch.autograd.grad((plain_out.double() * g).sum(), (q, k, v))
     for name, *triple in zip("qkv", grads, exact, plain, strict=True):
         assert_flash_attn_rule(f"d{name}", *triple, ratio=3, atol=3e-5)
-    for workspace in fa2._workspaces.values():  # the next backward sums into it: the fa3 kernel must leave zeros
-        assert not workspace.any(), "the fa3 backward left nonzero sums in its dQ workspace"
 
 
 def _qkv(q_shape: tuple, kv_shape: tuple, dtype: torch.dtype) -> tuple:
