@@ -26,6 +26,7 @@ several calls and gather the parts in one record with --merge (the record of the
     python scripts/bench_attention.py                                 # every shape, on the GPU
     python scripts/bench_attention.py --quick                         # a handful of shapes for kernel development
     python scripts/bench_attention.py --masks causal --merge          # one part of a split run
+    python scripts/bench_attention.py --quick --kernel-times 10       # and each kernel's time per run (profiler)
     python scripts/bench_attention.py --device cpu --out /tmp/bench   # dry run: reference and flex, tiny shapes
 """
 
@@ -50,7 +51,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd import DeviceType
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
 
 from legalpt.attention import BACKENDS, flash_attn_func, flash_attn_varlen_func, flex
 from legalpt.attention.masks import MaskSpec, element_mask
@@ -340,21 +343,45 @@ def bench_shape(shape: Shape, args: argparse.Namespace, device: torch.device, dt
                 row["error"] = checks[impl]
             else:
                 row["max_abs_diff"], row["diff_vs"] = checks[impl]
-                row.update(_measure(mode, run, x, fwd_flops, device, args.cpu_reps))
+                row.update(_measure(mode, run, x, fwd_flops, device, args.cpu_reps, args.kernel_times))
             rows.append(row)
             print(_progress(row), flush=True)
     return rows
 
 
-def _measure(mode: str, run: Runner, x: Inputs, fwd_flops: int, device: torch.device, cpu_reps: int) -> dict:
+def _measure(
+    mode: str, run: Runner, x: Inputs, fwd_flops: int, device: torch.device, cpu_reps: int, kernel_steps: int
+) -> dict:
     flops = fwd_flops * {"fwd": 1.0, "bwd": BWD_FLOPS, "fwd+bwd": 1.0 + BWD_FLOPS}[mode]
     try:
         step = mode_step(mode, run, x)
         peak = peak_mib(step, device)
         ms = median_ms(step, device, cpu_reps)
+        kernels = {"kernels_us": kernel_times(step, device, kernel_steps)} if kernel_steps else {}
     except Exception as error:  # recorded in the row; the run goes on
         return {"error": _error(error)}
-    return {"ms": ms, "tflops": flops / ms / 1e9, "peak_mib": peak}
+    return {"ms": ms, "tflops": flops / ms / 1e9, "peak_mib": peak, **kernels}
+
+
+def kernel_times(step: Callable[[], object], device: torch.device, steps: int) -> dict[str, float]:
+    """Microseconds per step of each CUDA kernel that `step` launches (on the CPU: each operator's own time), over
+    `steps` runs under torch.profiler, longest first. Where do_bench gives one time, this says which kernel spends
+    it: close variants are told apart by their kernels (docs/kernels.md, steps 15 and 16)."""
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    step()  # compiles and caches outside the profile
+    sync()
+    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    times = {}
+    for event in prof.key_averages():
+        total = event.device_time_total if cuda else event.self_cpu_time_total
+        if total > 0 and (not cuda or event.device_type == DeviceType.CUDA):
+            times[event.key] = round(total / steps, 1)
+    return dict(sorted(times.items(), key=lambda item: -item[1]))
 
 
 def _progress(row: dict) -> str:
@@ -366,7 +393,9 @@ def _progress(row: dict) -> str:
         return f"{what} {'skipped' if row.get('skipped') else 'ERROR'}: {row.get('skipped') or row.get('error')}"
     peak = f" peak {row['peak_mib']:,.0f} MiB" if row["peak_mib"] is not None else ""
     diff = f" diff {row['max_abs_diff']} vs {row['diff_vs']}"
-    return f"{what} {row['ms']:9.3f} ms {row['tflops']:7.3g} TFLOP/s{peak}{diff}"
+    longest = list(row.get("kernels_us", {}).items())[:5]
+    kernels = "".join(f" | {name.removeprefix('void ')[:40]} {us:.0f} us" for name, us in longest)
+    return f"{what} {row['ms']:9.3f} ms {row['tflops']:7.3g} TFLOP/s{peak}{diff}{kernels}"
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -512,6 +541,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--cpu-reps", type=int, default=3, help="timed runs per measurement on the CPU")
+    parser.add_argument(
+        "--kernel-times", type=int, default=0, metavar="STEPS",
+        help="also profile STEPS runs per row: microseconds per run of each kernel, in the row's kernels_us",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder of the record and plot")
     args = parser.parse_args(argv)
     known = ("fa2", "fa3", "sdpa-flash", "sdpa-cudnn", "flex", "reference")
@@ -522,6 +555,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.modes = tuple(args.modes or (("fwd", "fwd+bwd") if args.quick else MODES))
     if args.cpu_reps < 1:
         parser.error(f"--cpu-reps must be >= 1; got {args.cpu_reps}")
+    if args.kernel_times < 0:
+        parser.error(f"--kernel-times must be >= 0 (0: no profile); got {args.kernel_times}")
     if not cpu and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA GPU here (use --device cpu for a dry run)")
     return args

@@ -32,6 +32,16 @@ def test_a_full_run_writes_a_complete_record(bench, tmp_path):
     assert record["header"]["complete"] and seqlens == list(bench.CPU_SCALE.seqlens)
 
 
+def test_kernel_times_name_what_each_row_ran(bench, tmp_path):
+    assert bench.main([*ARGS, "--kernel-times", "2", "--out", str(tmp_path)]) == 0
+    rows = _record(tmp_path)["rows"]
+    assert rows and all(row["kernels_us"] for row in rows)
+    for row in rows:  # on the CPU, operators by their own time: the reference's matmuls among them, longest first
+        times = list(row["kernels_us"].values())
+        assert any(name.startswith("aten::") for name in row["kernels_us"]) and times == sorted(times, reverse=True)
+        assert all(t > 0 for t in times)
+
+
 def test_a_run_cut_off_keeps_the_shapes_it_measured(bench, tmp_path, monkeypatch):
     measure = bench.bench_shape
 
