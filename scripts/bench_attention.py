@@ -55,7 +55,7 @@ from torch.autograd import DeviceType
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-from legalpt.attention import BACKENDS, fa2, flash_attn_func, flash_attn_varlen_func, flex
+from legalpt.attention import BACKENDS, flash_attn_func, flash_attn_varlen_func, flex
 from legalpt.attention.masks import MaskSpec, element_mask
 from legalpt.provenance import commit
 
@@ -271,7 +271,6 @@ def peak_mib(step: Callable[[], object], device: torch.device) -> float | None:
         step()
         return None
     torch.cuda.synchronize(device)
-    fa2.release_workspaces()  # so that the backward's dQ workspace counts in the peak, as it would on a first call
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     result = step()

@@ -31,12 +31,6 @@ inline const int* optional_int_ptr(const std::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<int>() : nullptr;
 }
 
-// A schedule of legalpt/attention/blocks.py: counts (Bs, Hs, rows, 2), indices (Bs, Hs, rows, cols), contiguous.
-inline Schedule schedule(const at::Tensor& counts, const at::Tensor& indices) {
-  return {counts.data_ptr<int>(), indices.data_ptr<int>(), counts.size(0) > 1 ? counts.size(1) * counts.size(2) : 0,
-          counts.size(1) > 1 ? counts.size(2) : 0, static_cast<int>(indices.size(3))};
-}
-
 // Everything both directions read: inputs, documents, scaling, mask and schedule.
 inline Params common_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
                             const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k,
@@ -75,7 +69,11 @@ inline Params common_params(const at::Tensor& q, const at::Tensor& k, const at::
     p.mask.layout_stride_h = layout->size(1) > 1 ? layout->stride(1) : 0;
     p.mask.layout_stride_q = layout->stride(2);
   }
-  p.schedule = schedule(counts, indices);
+  p.schedule.counts = counts.data_ptr<int>();
+  p.schedule.indices = indices.data_ptr<int>();
+  p.schedule.stride_b = counts.size(0) > 1 ? counts.size(1) * counts.size(2) : 0;
+  p.schedule.stride_h = counts.size(1) > 1 ? counts.size(2) : 0;
+  p.schedule.cols = static_cast<int>(indices.size(3));
   return p;
 }
 
@@ -185,9 +183,6 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
 }
 
 // The backward: fa2's kernel, or with kFa3 the Hopper one (csrc/fa3) where the build has it; both over 128-key tiles.
-// The Hopper kernel, not deterministic (fa3_writes_dq), takes `dq` (q's type, dq_accum's shape and strides) and
-// writes dQ itself, counting each query tile's parts against dq_counts (the query-major schedule at its tiles), and
-// leaves dq_accum zeroed, as it must find it; elsewhere dQ is dq_accum's.
 template <typename Launch, bool kFa3 = false>
 void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               const at::Tensor& lse_log2, const at::Tensor& delta, at::Tensor& dq_accum, at::Tensor& dk, at::Tensor& dv,
@@ -195,7 +190,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
               int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
               const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale, double softcap,
               const at::Tensor& dq_counts, const at::Tensor& dq_indices, bool deterministic, int64_t split_tiles,
-              int64_t split_chunks, const at::Tensor& dkv_split, const std::optional<at::Tensor>& dq) {
+              int64_t split_chunks, const at::Tensor& dkv_split) {
   TORCH_CHECK(q.size(-1) == kHeadDim, "fa2 extension for head_dim ", kHeadDim, " got ", q.size(-1));
   const Launch launch(q.device());
   Params p =
@@ -213,12 +208,6 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   constexpr int kKeys = BwdTraits<__half, kHeadDim>::kBlockN;
   const int key_blocks = (max_k + kKeys - 1) / kKeys + p.split_tiles * (p.split_chunks - 1);
   const dim3 grid(key_blocks, documents(q, cu_q), k.size(-2));
-  const bool writes_dq = dq.has_value();
-  TORCH_CHECK(writes_dq == (kFa3 && kHasFa3 && !deterministic),
-              "backward: dq is given exactly where the fa3 kernel writes it (fa3_writes_dq, not deterministic)");
-  TORCH_CHECK(!writes_dq || (dq->scalar_type() == q.scalar_type() && dq->sizes() == dq_accum.sizes() &&
-                             dq->strides() == dq_accum.strides() && dq->device() == q.device()),
-              "backward: dq must have q's dtype and device and dq_accum's shape and strides");
   dispatch(q, p, [&](auto tag, auto general) {
     using T = typename decltype(tag)::type;
     constexpr bool kGeneral = decltype(general)::value;
@@ -226,10 +215,6 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
 #ifdef LEGALPT_WITH_FA3
       using Tr = fa3::BwdTraits<T, kHeadDim>;
       static_assert(Tr::kBlockN == kKeys, "split_dkv_kernel and the grid assume fa2's key tiles");
-      const int m_tiles = static_cast<int>((max_q + Tr::kBlockM - 1) / Tr::kBlockM);
-      // (documents, heads, query tiles): the parts each query tile has received
-      const at::Tensor parts = writes_dq ? at::zeros({grid.y, p.heads, m_tiles}, q.options().dtype(at::kInt))
-                                        : at::Tensor();
       const fa3::BwdArgs args{p,
                               tensor_map(q, Tr::kBlockM),
                               tensor_map(dout, Tr::kBlockM),
@@ -237,15 +222,8 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
                               tensor_map(v, Tr::kBlockN),
                               tensor_map(dk, Tr::kBlockN),
                               tensor_map(dv, Tr::kBlockN),
-                              tensor_map(dq_accum, Tr::kBlockM),
-                              writes_dq ? view(*dq) : Tensor4{},
-                              writes_dq ? parts.data_ptr<int>() : nullptr,
-                              schedule(dq_counts, dq_indices),
-                              m_tiles};
+                              tensor_map(dq_accum, Tr::kBlockM)};
       launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
-      if (writes_dq && m_tiles > 0) {
-        launch(fa3::dq_unvisited_kernel<T, kHeadDim>, dim3(m_tiles, grid.y, p.heads), 128, 0, args);
-      }
 #endif
     } else {
       using Tr = BwdTraits<T, kHeadDim>;
@@ -326,11 +304,9 @@ inline void add_attributes(pybind11::module& m) {
   using Fa3Bwd = fa3::BwdTraits<__half, kHeadDim>;
   m.attr("fa3_fwd_tile") = kHasFa3 ? pybind11::make_tuple(Fa3Fwd::kBlockM, Fa3Fwd::kBlockN) : m.attr("fwd_tile");
   m.attr("fa3_bwd_tile") = kHasFa3 ? pybind11::make_tuple(Fa3Bwd::kBlockM, Fa3Bwd::kBlockN) : m.attr("bwd_tile");
-  m.attr("fa3_writes_dq") = kHasFa3;  // whether backward_fa3 takes dq (it runs the Hopper kernel)
 #else
   m.attr("fa3_fwd_tile") = m.attr("fwd_tile");
   m.attr("fa3_bwd_tile") = m.attr("bwd_tile");
-  m.attr("fa3_writes_dq") = false;
 #endif
 }
 

@@ -19,9 +19,7 @@
 // while this one computes and the consumers meet only where dQ needs both halves of dS^T (double-buffered, so that
 // one barrier per tile suffices). dQ leaves as FA3's does: the consumers put their float32 parts into a swizzled
 // tile in shared memory and the producer's third warp adds the tile into dq_accum by TMA reductions, so that the
-// consumers issue no atomics. The fourth warp counts the parts each query tile has received, as the third posts
-// them; the block that adds the last one loads the tile's sums back (from L2) and writes dQ in the inputs' type, so
-// that no pass over dq_accum follows (dq_unvisited_kernel zeroes the tiles no key tile visits).
+// consumers issue no atomics.
 #pragma once
 
 #include <type_traits>
@@ -32,35 +30,6 @@
 #include "warps.cuh"
 
 namespace legalpt::fa3 {
-
-// A ring of query tiles (head, tile) from the dQ warp's lane 0 to the dQ writer, on mbarriers: per slot, `full`
-// (one arrival, the sender's) and `empty` (one, the writer's lane 0). Each side keeps its own count.
-struct DqPosts {
-  static constexpr int kSlots = 4;  // the sender waits only when the writer is this many tiles behind
-  struct Tile {
-    int h, m;
-  };
-  Tile* slots;
-  uint64_t *full, *empty;  // kSlots each
-  int count;               // posts this side has sent or received
-
-  __device__ __forceinline__ void send(int h, int m) {
-    const int s = count % kSlots;
-    if (count >= kSlots) mbar_wait(empty + s, (count / kSlots - 1) % 2);
-    slots[s] = Tile{h, m};
-    mbar_arrive(full + s);
-    ++count;
-  }
-  __device__ __forceinline__ Tile receive() {  // by the whole warp
-    const int s = count % kSlots;
-    mbar_wait(full + s, (count / kSlots) % 2);
-    const Tile tile = slots[s];
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbar_arrive(empty + s);
-    ++count;
-    return tile;
-  }
-};
 
 template <typename T, int D>
 struct BwdTraits {
@@ -76,16 +45,15 @@ struct BwdTraits {
   static constexpr int kKeyTileBytes = kBlockN * D * sizeof(T);    // K or V
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
   static constexpr int kDsBytes = kBlockN * kBlockM * sizeof(T);   // dS^T, one buffer
-  static constexpr int kDqBytes = kBlockM * D * sizeof(float);     // dQ of a query tile, float32 (and its sums)
+  static constexpr int kDqBytes = kBlockM * D * sizeof(float);     // dQ of a query tile, float32
   // dQ's split between the consumers: each computes all BM rows of its half of D's columns, over all BN keys
   static constexpr int kDqCols = D / 2;
-  // mbarriers: K and V's; per stage, its copies' (full) and its release (empty); the dQ sums' load; the dQ posts'
-  static constexpr int kBarriers = 6 + 2 * DqPosts::kSlots;
-  // K, V; Q and dO twice; dS^T twice; dQ and its sums; logsumexp and delta twice; the mbarriers; the dQ posts; 1024
-  // bytes to align to the swizzle's period
-  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + 2 * kDqBytes +
-                               4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) +
-                               DqPosts::kSlots * sizeof(DqPosts::Tile) + 1024;
+  // mbarriers: K and V's; per stage, its copies' (full) and its release (empty)
+  static constexpr int kBarriers = 5;
+  // K, V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
+  // swizzle's period
+  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
+                               4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
 };
 
@@ -95,134 +63,28 @@ struct BwdArgs {
   Params p;
   TensorMap q, dout, k, v;
   TensorMap dk, dv;  // stores of whole key tiles (boxes of kBlockN rows)
-  TensorMap dq;      // reductions into dq_accum and loads of its sums (float32, boxes of kBlockM rows)
-  fa2::Tensor4 dq_out;     // dQ in the inputs' type, like q
-  int* dq_parts;           // (documents, heads, query tiles): parts added so far, zeroed by the caller
-  fa2::Schedule by_query;  // query-major, at these tiles: its counts are the parts each query tile receives
-  int m_tiles;             // query tiles per document and head
+  TensorMap dq;      // reductions into dq_accum (float32, boxes of kBlockM rows)
 };
-
-// The parts query tile m of document b, head h receives: one per key tile that visits it.
-__device__ __forceinline__ int expected_parts(const BwdArgs& a, int b, int h, int m) {
-  return fa2::visits(a.by_query, b, h, m).count;
-}
-
-// dQ's rows [0, rows) of query tile m (document b, head h) from its float32 sums in the swizzled tile at `sums` (as
-// add_dq_tiles' sdQ), in the inputs' type T, by one warp; the sums' rows in dq_accum are zeroed behind, so that the
-// kernel leaves dq_accum as it found it and the caller may keep it as a workspace (fa2.py). Rows past a varlen
-// document's end are left alone: they are the next document's. Each lane keeps one 16-byte column chunk of the sums
-// (8 bytes of dQ) and walks down the rows, so that its addresses take few of the producer's registers.
-template <typename T, int BM, int D>
-__device__ __forceinline__ void write_dq(const BwdArgs& a, const unsigned char* sums, const Document& doc, int b,
-                                         int h, int m, int rows) {
-  struct alignas(16) Sums {
-    float x[4];
-  };
-  struct alignas(8) Out {
-    uint32_t x[2];
-  };
-  constexpr int kChunks = D / 4, kRows = 32 / kChunks;  // chunks of 4 floats per row; rows per pass of the warp
-  const int lane = threadIdx.x % 32, c = lane % kChunks;
-  // one element offset serves both: dq_out and dq_accum have the same strides (host.h checks)
-  int64_t at = fa2::row_ptr<T>(a.dq_out, b, doc.q_start, m * BM + lane / kChunks, h) + 4 * c -
-               static_cast<T*>(a.dq_out.ptr);
-#pragma unroll 1
-  for (int r = lane / kChunks; r < rows; r += kRows, at += kRows * a.dq_out.row_stride) {
-    const Sums x = *reinterpret_cast<const Sums*>(sums + swizzled<BM>(r, c));
-    *reinterpret_cast<Out*>(static_cast<T*>(a.dq_out.ptr) + at) =
-        Out{{pack2<T>(x.x[0], x.x[1]), pack2<T>(x.x[2], x.x[3])}};
-    *reinterpret_cast<Sums*>(static_cast<float*>(a.p.dq_accum.ptr) + at) = Sums{};
-  }
-}
 
 // The dQ warp of the backward's producer: per visited query tile, once the consumers have stored its dQ (BM x D,
 // float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees sdQ once they
-// have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked to 0). Once a
-// tile's reductions are complete (checked while the next tile's fly), lane 0 posts it to the dQ writer
-// (write_dq_tiles), and at the end a tile of head -1.
+// have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked to 0).
 template <typename Tr>
 __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
-                                             DqPosts post, const Document& doc, int b, int batch, int hk, int n_blk,
-                                             int chunk) {
+                                             const Document& doc, int b, int batch, int hk, int n_blk, int chunk) {
   constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
   const Params& p = a.p;
-  const bool lane0 = threadIdx.x % 32 == 0;
-  int last_h = -1, last_m = 0;  // the tile whose reductions may still be in flight
   for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk)) {
     named_arrive(kDqFree, Tr::kDqThreads);
     named_sync(kDqStored, Tr::kDqThreads);
-    const int h = hk * p.kv_group + work.g, m = work.tile;
-    if (lane0) {
+    if (threadIdx.x % 32 == 0) {
+      const int h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
 #pragma unroll
-      for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128, 32 * c, h, doc.q_start + m * BM,
-                                                      batch);
+      for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128, 32 * c, h, row, batch);
       bulk_commit();
-      bulk_wait_read<0>();  // this tile's reductions have read sdQ
-      if (last_h >= 0) {
-        bulk_wait<1>();              // the last tile's reductions are complete
-        fence_proxy_async_global();  // and ordered before the post, in the thread that issued them
-        post.send(last_h, last_m);
-      }
+      bulk_wait_read<0>();  // the reductions have read sdQ
     }
     __syncwarp();
-    last_h = h;
-    last_m = m;
-  }
-  if (!lane0) return;
-  bulk_wait<0>();
-  fence_proxy_async_global();
-  if (last_h >= 0) post.send(last_h, last_m);
-  post.send(-1, 0);
-}
-
-// The dQ writer, the producer's fourth warp: per tile posted by the dQ warp, lane 0 counts its part; the block with
-// the last part loads the tile's sums (from L2) into sSum on `sum_full` and the warp writes dQ, away from the
-// consumers' path.
-template <typename T, typename Tr>
-__device__ __forceinline__ void write_dq_tiles(const BwdArgs& a, DqPosts post, unsigned char* sSum,
-                                               uint64_t* sum_full, const Document& doc, int b, int batch) {
-  constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
-  const int lane = threadIdx.x % 32;
-  for (int loads = 0;;) {  // loads: of sums so far, the phase of sum_full
-    const DqPosts::Tile tile = post.receive();
-    const int h = tile.h, m = tile.m;
-    if (h < 0) return;
-    bool last = false;
-    if (lane == 0) {
-      fence_proxy_async_global();  // the dQ warp's completed reductions (fenced there too) before the count
-      int* parts = a.dq_parts + (static_cast<int64_t>(b) * a.p.heads + h) * a.m_tiles + m;
-      last = count_arrival(parts) + 1 == expected_parts(a, b, h, m);
-    }
-    if (!__any_sync(0xffffffffu, last)) continue;
-    if (lane == 0) {
-      fence_proxy_async_global();  // the count before the load; the last sums' reads before their overwrite
-      fence_proxy_async();
-      mbar_expect(sum_full, Tr::kDqBytes);
-#pragma unroll
-      for (int c = 0; c < D / 32; ++c) tma_load(sSum + c * BM * 128, a.dq, 32 * c, h, doc.q_start + m * BM, batch,
-                                                sum_full);
-    }
-    mbar_wait(sum_full, loads++ % 2);
-    write_dq<T, BM, D>(a, sSum, doc, b, h, m, min(BM, doc.lq - m * BM));
-    __syncwarp();
-  }
-}
-
-// Zeroes dQ's query tiles that no key tile visits, which bwd_kernel never writes (rows that see no key, or a block
-// layout without them): one block of any size per (query tile, document, head).
-template <typename T, int D>
-__global__ void dq_unvisited_kernel(const __grid_constant__ BwdArgs a) {
-  constexpr int BM = BwdTraits<T, D>::kBlockM, kChunks = D / 8;  // 16-byte chunks per row
-  struct alignas(16) Chunk {
-    uint32_t x[4];
-  };
-  const int m = blockIdx.x, b = blockIdx.y, h = blockIdx.z;
-  const Document doc = fa2::document(a.p, b);
-  if (m * BM >= doc.lq || expected_parts(a, b, h, m) > 0) return;
-  const int rows = min(BM, doc.lq - m * BM);
-  for (int at = threadIdx.x; at < rows * kChunks; at += blockDim.x) {
-    T* out = fa2::row_ptr<T>(a.dq_out, b, doc.q_start, m * BM + at / kChunks, h) + 8 * (at % kChunks);
-    *reinterpret_cast<Chunk*>(out) = Chunk{};
   }
 }
 
@@ -240,12 +102,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
   unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T
   unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled
-  unsigned char* sSum = sdQ + Tr::kDqBytes;                          // (BM, D) float32, swizzled: dQ's sums
-  float* sLse0 = reinterpret_cast<float*>(sSum + Tr::kDqBytes);      // 2 x (BM) log2 domain
+  float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);       // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
   uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
-  uint64_t *kv_full = bars, *q_full = bars + 1, *q_empty = bars + 3, *sum_full = bars + 5;  // q_: per stage
-  const DqPosts posts{reinterpret_cast<DqPosts::Tile*>(bars + Tr::kBarriers), bars + 6, bars + 6 + DqPosts::kSlots, 0};
+  uint64_t *kv_full = bars, *q_full = bars + 1, *q_empty = bars + 3;  // q_: per stage
 
   // The split key tiles come first, split_chunks blocks each (as in fa2::bwd_kernel); chunk -1 is a whole tile.
   const int split_blocks = p.split_tiles * p.split_chunks, b = blockIdx.y, hk = blockIdx.z;
@@ -258,8 +118,6 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
 
   if (threadIdx.x == 0) {
     mbar_init(kv_full);
-    mbar_init(sum_full);
-    for (int s = 0; s < 2 * DqPosts::kSlots; ++s) mbar_init(posts.full + s);  // full and empty: one arrival each
     for (int s = 0; s < 2; ++s) {
       mbar_init(q_full + s, 1 + 32);                      // the TMA thread's and the second warp's 32 lanes'
       mbar_init(q_empty + s, kConsumerThreads / 32);      // one arrival per consumer warp
@@ -272,12 +130,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   fa2::advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
 
   if (threadIdx.x < 128) {  // the producer: thread 0 issues the TMA copies, warp 1 the logsumexp's and delta's,
-    registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum, warp 3 writes dQ
+    registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum
     const int warp = threadIdx.x / 32;
-    if (warp >= 2) {  // warp 2 adds dQ's parts, warp 3 writes dQ
-      if (p.deterministic) return;
-      if (warp == 2) add_dq_tiles<Tr>(a, work, sdQ, posts, doc, b, batch, hk, n_blk, chunk);
-      if (warp == 3) write_dq_tiles<T, Tr>(a, posts, sSum, sum_full, doc, b, batch);
+    if (warp == 2) {
+      if (!p.deterministic) add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk);
       return;
     }
     if (warp > 1 || (warp == 0 && lane != 0)) return;

@@ -96,23 +96,6 @@ template <int N>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
-// Until at most N of this thread's bulk groups are incomplete: the rest's writes to global memory are performed.
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Orders this thread's accesses to global memory through the async proxy (TMA) with its generic ones, both ways:
-// the backward's dQ reductions before the arrival that counts them, and that count before a TMA load of the sums.
-__device__ __forceinline__ void fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
-// One arrival at a counter in global memory, acquire-release at device scope: what the thread wrote before it is
-// visible to whoever arrives later, and what earlier arrivals wrote is visible to it. Returns the count before it.
-__device__ __forceinline__ int count_arrival(int* counter) {
-  int before;
-  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(counter) : "memory");
-  return before;
-}
 
 // The map of a tensor as {D, heads, rows, batches} (strides in elements between heads, rows and batches, D
 // contiguous; all multiples of 16 bytes and the start 16-byte aligned, as fa2.py's _kernel_layout and host.h's
@@ -240,12 +223,6 @@ template <int N>
 inline void bulk_wait_read() {
   emu::bulk_wait(N);
 }
-template <int N>
-inline void bulk_wait() {
-  emu::bulk_wait(N);
-}
-inline void fence_proxy_async_global() {}
-inline int count_arrival(int* counter) { return (*counter)++; }  // blocks run one after another
 #endif
 
 // A whole swizzled (ROWS, D) tile, its D / 64 panels of ROWS lines one box each: rows [row, row + ROWS) of head

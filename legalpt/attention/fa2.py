@@ -4,9 +4,8 @@
 what only the kernels need (device, dtype, head dim, alignment), pad head dims that have no instantiation, build
 the block-sparse schedules (blocks.py, cached per shape) and launch. The backward runs a preprocessing kernel
 (delta = rowsum(dO * O) - dlse, the logsumexp in log2), accumulates dQ in float32 (atomics, or a separate dQ pass
-when deterministic) and converts it; the fa3 kernel writes dQ itself as each query tile completes, into a cached
-workspace that it leaves zeroed. The key tiles of global tokens, which every query tile visits, have their backward
-split over several blocks (`_split`), so that one block does not hold up the whole pass.
+when deterministic) and converts it. The key tiles of global tokens, which every query tile visits, have their
+backward split over several blocks (`_split`), so that one block does not hold up the whole pass.
 """
 
 from __future__ import annotations
@@ -122,8 +121,7 @@ def backward(
     lse = lse.contiguous()
     delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
     ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta)
-    writes_dq = hopper and ext.fa3_writes_dq and not deterministic  # the fa3 kernel writes dQ as tiles complete
-    dq_accum = _dq_workspace(qk) if writes_dq else torch.zeros(qk.shape, device=q.device, dtype=torch.float32)
+    dq_accum = torch.zeros(qk.shape, device=q.device, dtype=torch.float32)
     dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (kk, vk))  # contiguous, as ops promise
     split_tiles, split_chunks = _split(spec.global_tokens, max_seqlen_q, max_seqlen_k, tile, deterministic)
     documents = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
@@ -131,43 +129,15 @@ def backward(
     dkv_split = torch.zeros((documents, rows, kk.shape[-2], 2 * ext.head_dim), device=q.device, dtype=torch.float32)
     shape = (spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     by_key_tile = schedule_for(*shape, tile, transposed=True, device=q.device)
-    by_query_tile = by_key_tile  # unused where fa2's kernel adds dQ by atomics
-    if deterministic:  # dQ gets its own pass over fa2's forward tiles (csrc/fa2/bwd.cuh)
+    by_query_tile = by_key_tile  # deterministic: dQ gets its own pass over fa2's forward tiles (csrc/fa2/bwd.cuh)
+    if deterministic:
         by_query_tile = schedule_for(*shape, ext.fwd_tile, transposed=False, device=q.device)
-    elif writes_dq:  # once a query tile has all its parts, as many as this lists
-        by_query_tile = schedule_for(*shape, tile, transposed=False, device=q.device)
-    dq = torch.empty(qk.shape, dtype=q.dtype, device=q.device) if writes_dq else None
     launch(
         dok, qk, kk, vk, lse_log2, delta, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         max_seqlen_k, by_key_tile.counts, by_key_tile.indices, _layout(spec), _mask_ints(spec), softmax_scale, softcap,
-        by_query_tile.counts, by_query_tile.indices, deterministic, split_tiles, split_chunks, dkv_split, dq,
+        by_query_tile.counts, by_query_tile.indices, deterministic, split_tiles, split_chunks, dkv_split,
     )  # fmt: skip
-    dq = dq if writes_dq else dq_accum.to(q.dtype)
-    return _unpad(dq, head_dim), _unpad(dk, head_dim), _unpad(dv, head_dim)
-
-
-_workspaces: dict[tuple, Tensor] = {}  # (device, stream): float32 zeros, kept zeroed by the fa3 backward
-
-
-def _dq_workspace(qk: Tensor) -> Tensor:
-    """Zeroed float32 like qk (contiguous) for the fa3 backward's dQ sums. The kernel leaves it zeroed (each query
-    tile's sums are cleared once its dQ is written), so one buffer per device and stream, grown when too small, saves
-    zeroing hundreds of MB per call; calls on one stream run in order, so they never share it at once. While a CUDA
-    graph is captured, a fresh buffer."""
-    if qk.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(qk.shape, device=qk.device, dtype=torch.float32)
-    stream = torch.cuda.current_stream(qk.device).stream_id if qk.device.type == "cuda" else 0
-    key = (qk.device, stream)
-    buffer = _workspaces.get(key)
-    if buffer is None or buffer.numel() < qk.numel():
-        _workspaces.pop(key, None)  # freed before the larger one is allocated
-        buffer = _workspaces[key] = torch.zeros(qk.numel(), device=qk.device, dtype=torch.float32)
-    return buffer[: qk.numel()].view(qk.shape)
-
-
-def release_workspaces() -> None:
-    """Frees the fa3 backward's cached dQ workspaces (they are allocated again, zeroed, on the next backward)."""
-    _workspaces.clear()
+    return _unpad(dq_accum.to(q.dtype), head_dim), _unpad(dk, head_dim), _unpad(dv, head_dim)
 
 
 def _split(
