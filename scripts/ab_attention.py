@@ -1,0 +1,149 @@
+"""A/B of the attention kernels at several commits in one call: the comparison that decides between close variants.
+
+Each commit is checked out into its own git worktree (detached, under --work) and builds its kernels into its own
+cache (LEGALPT_KERNEL_CACHE), all commits in parallel. Then this checkout's scripts/bench_attention.py runs once per
+commit, one after another, with that commit's legalpt first on PYTHONPATH: the same shapes, the same seeded
+inputs, and the baselines (FlexAttention, SDPA) measured again beside each. Printed last: per shape, mode and
+implementation, each commit's ms and its ratio to the first commit's, then with --kernel-times each commit's
+longest kernels. A commit may be given twice: the spread between its two runs is the noise of the comparison.
+The records stay under --work/runs; the worktrees are removed at the end.
+
+    python scripts/ab_attention.py --commits main 3227418 -- --head-dims 128 --masks window-1024 \\
+        --seqlens 65536 --impls fa3 flex --modes fwd+bwd --kernel-times 10
+    python scripts/ab_attention.py --commits HEAD HEAD -- --device cpu --masks causal --head-dims 64 \\
+        --impls reference --modes fwd                                   # a dry run on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "scripts" / "bench_attention.py"
+KEY = ("mask", "head_dim", "seqlen_q", "batch", "heads", "mode", "impl")  # a row's identity across commits
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--commits", nargs="+", required=True, help="two or more git revisions, the first the base")
+    parser.add_argument(
+        "--work", type=Path, default=Path(tempfile.gettempdir()) / "legalpt-ab", help="worktrees, caches, records"
+    )
+    parser.epilog = "Everything after -- goes to bench_attention.py."
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    args.bench_args = argv[split + 1 :]
+    if len(args.commits) < 2:
+        parser.error(f"--commits needs two or more revisions to compare; got {args.commits}")
+    if "--out" in args.bench_args:
+        parser.error("bench_attention.py's --out is set per commit, under --work/runs")
+    return args
+
+
+def git(*args: str) -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"git {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def checkout(sha: str, tree: Path) -> None:
+    """A detached worktree of `sha` at `tree`, replacing one that an interrupted run left there."""
+    if tree.exists():
+        shutil.rmtree(tree)  # ours, under --work
+    git("worktree", "prune")
+    git("worktree", "add", "--detach", str(tree), sha)
+
+
+def environment(tree: Path, work: Path, sha: str) -> dict[str, str]:
+    """The commit's legalpt first on the path, and a kernel cache of its own."""
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, LEGALPT_KERNEL_CACHE=str(work / "cache" / sha))
+
+
+def head_dims(bench_args: list[str]) -> tuple[int, ...]:
+    """The head dims the benchmark will run (its --head-dims, else both that it knows)."""
+    if "--head-dims" not in bench_args:
+        return (64, 128)
+    after = bench_args[bench_args.index("--head-dims") + 1 :]
+    return tuple(int(a) for a in after[: next((i for i, a in enumerate(after) if a.startswith("--")), len(after))])
+
+
+def build_all(trees: dict[str, Path], work: Path, dims: tuple[int, ...]) -> None:
+    """Every commit's kernels, in parallel processes (each build is one nvcc run per head dim)."""
+    code = f"from legalpt.attention.kernels import build_all; print('built', build_all({dims!r}))"
+    builds = {
+        sha: subprocess.Popen([sys.executable, "-c", code], env=environment(tree, work, sha), cwd=tree)
+        for sha, tree in trees.items()
+    }
+    if failed := [sha for sha, build in builds.items() if build.wait()]:
+        raise SystemExit(f"the kernels of {', '.join(failed)} did not build (their errors are above)")
+
+
+def load_rows(out: Path) -> dict[tuple, dict]:
+    [record] = out.glob("attention-*.json")
+    return {tuple(row[k] for k in KEY): row for row in json.loads(record.read_text())["rows"]}
+
+
+def compare(labels: list[str], runs: list[dict[tuple, dict]]) -> str:
+    """Per row of the first run: each run's ms and its ratio to the first's, then each run's longest kernels."""
+    lines = [f"{'impl':<10} {'mode':<7} {'mask':<20} {'d':>3} {'seqlen':>6}  " + "  ".join(f"{x:>18}" for x in labels)]
+    for key, base in runs[0].items():
+        cells = []
+        for run in runs:
+            ms = run.get(key, {}).get("ms")
+            ratio = f" ({base['ms'] / ms:.3f}x)" if ms and base.get("ms") else ""
+            cells.append(f"{ms:.3f}{ratio}" if ms else "–")
+        what = dict(zip(KEY, key, strict=True))
+        row = f"{what['impl']:<10} {what['mode']:<7} {what['mask']:<20} {what['head_dim']:>3} {what['seqlen_q']:>6}"
+        lines.append(row + "  " + "  ".join(f"{c:>18}" for c in cells))
+        for label, run in zip(labels, runs, strict=True):
+            longest = list(run.get(key, {}).get("kernels_us", {}).items())[:4]
+            if longest:
+                lines.append(
+                    f"    {label}: " + " | ".join(f"{n.removeprefix('void ')[:36]} {us:.0f}" for n, us in longest)
+                )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = args.work.resolve()
+    shas = [git("rev-parse", "--short", f"{c}^{{commit}}") for c in args.commits]
+    trees = {sha: work / "trees" / sha for sha in dict.fromkeys(shas)}
+    try:
+        for sha, tree in trees.items():
+            checkout(sha, tree)
+        if "--device" not in args.bench_args or args.bench_args[args.bench_args.index("--device") + 1] == "cuda":
+            build_all(trees, work, head_dims(args.bench_args))
+        labels, runs = [], []
+        for n, sha in enumerate(shas):
+            label, out = f"{n}:{sha}", work / "runs" / f"{n}-{sha}"
+            out.mkdir(parents=True, exist_ok=True)
+            for old in out.glob("attention-*"):  # an earlier day's record would be read as this one's
+                old.unlink()
+            print(f"\n== {label} ({args.commits[n]})", flush=True)
+            command = [sys.executable, str(BENCH), *args.bench_args, "--out", str(out)]
+            if subprocess.run(command, env=environment(trees[sha], work, sha)).returncode:
+                raise SystemExit(f"the benchmark of {label} failed (its output is above)")
+            labels.append(label)
+            runs.append(load_rows(out))
+    finally:
+        for tree in trees.values():
+            if tree.exists():
+                git("worktree", "remove", "--force", str(tree))
+    print(f"\nrecords under {work / 'runs'}; ratios: the first commit's ms over each one's\n")
+    print(compare(labels, runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""scripts/ab_attention.py as a CPU dry run: two runs of one commit side by side, and its argument checks."""
+
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "ab_attention.py"
+GIT = shutil.which("git") is not None and (ROOT / ".git").exists()
+needs_git = pytest.mark.skipif(not GIT, reason="needs a git checkout")
+BENCH = ["--device", "cpu", "--masks", "causal", "--head-dims", "64", "--impls", "reference", "--modes", "fwd"]
+
+
+@pytest.fixture
+def ab():
+    spec = importlib.util.spec_from_file_location("ab_attention", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _worktrees() -> list[str]:
+    listed = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True)
+    return listed.stdout.splitlines()
+
+
+@needs_git
+def test_one_commit_twice_gives_two_records_and_leaves_no_worktree(ab, tmp_path, capsys):
+    before = _worktrees()
+    assert ab.main(["--commits", "HEAD", "HEAD", "--work", str(tmp_path), "--", *BENCH, "--kernel-times", "1"]) == 0
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert [r.name[:2] for r in runs] == ["0-", "1-"]
+    assert all(len(list(r.glob("attention-*.json"))) == 1 for r in runs)
+    table = capsys.readouterr().out.split("ratios: the first commit's ms over each one's")[1]
+    rows = [line for line in table.splitlines() if line.startswith("reference")]
+    assert len(rows) == 3 and all("(1.000x)" in row for row in rows)  # the first run against itself
+    assert "legalpt::attention_forward" in table  # each run's longest operators
+    assert _worktrees() == before
+
+
+def test_head_dims_follow_the_benchmark(ab):
+    assert ab.head_dims(["--masks", "causal"]) == (64, 128)
+    assert ab.head_dims(["--head-dims", "128", "64", "--masks", "causal"]) == (128, 64)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--commits", "HEAD", "--", *BENCH], "two or more"),
+        (["--commits", "HEAD", "HEAD", "--", "--out", "x"], "--out is set per commit"),
+    ],
+)
+def test_bad_arguments_say_what_is_expected(ab, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        ab.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+@needs_git
+def test_an_unknown_commit_is_named(ab, tmp_path):
+    with pytest.raises(SystemExit, match="no-such-commit"):
+        ab.main(["--commits", "HEAD", "no-such-commit", "--work", str(tmp_path), "--", *BENCH])
