@@ -6,22 +6,27 @@ commit, one after another, with that commit's legalpt first on PYTHONPATH: the s
 inputs, and the baselines (FlexAttention, SDPA) measured again beside each. Printed last: per shape, mode and
 implementation, each commit's ms and its ratio to the first commit's, then with --kernel-times each commit's
 longest kernels. A commit may be given twice: the spread between its two runs is the noise of the comparison.
-The records stay under --work/runs; the worktrees are removed at the end.
+The records stay under --work/runs; the worktrees are removed at the end. Where the machine's git lacks a commit
+(a GPU machine that holds only what landed), export it where it exists: --export .ab writes each commit's legalpt/
+and csrc/ to .ab/<sha> (git-ignored), which travels with the working tree and is given to --commits as a folder.
 
     python scripts/ab_attention.py --commits main 3227418 -- --head-dims 128 --masks window-1024 \\
         --seqlens 65536 --impls fa3 flex --modes fwd+bwd --kernel-times 10
     python scripts/ab_attention.py --commits HEAD HEAD -- --device cpu --masks causal --head-dims 64 \\
         --impls reference --modes fwd                                   # a dry run on the CPU
+    python scripts/ab_attention.py --commits main HEAD --export .ab     # then, elsewhere: --commits .ab/<sha> ...
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -32,16 +37,21 @@ KEY = ("mask", "head_dim", "seqlen_q", "batch", "heads", "mode", "impl")  # a ro
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--commits", nargs="+", required=True, help="two or more git revisions, the first the base")
+    parser.add_argument(
+        "--commits", nargs="+", required=True, help="git revisions or exported folders (--export), the first the base"
+    )
     parser.add_argument(
         "--work", type=Path, default=Path(tempfile.gettempdir()) / "legalpt-ab", help="worktrees, caches, records"
+    )
+    parser.add_argument(
+        "--export", type=Path, metavar="FOLDER", help="only write each commit's legalpt/ and csrc/ to FOLDER/<sha>"
     )
     parser.epilog = "Everything after -- goes to bench_attention.py."
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
     args.bench_args = argv[split + 1 :]
-    if len(args.commits) < 2:
+    if len(args.commits) < 2 and not args.export:
         parser.error(f"--commits needs two or more revisions to compare; got {args.commits}")
     if "--out" in args.bench_args:
         parser.error("bench_attention.py's --out is set per commit, under --work/runs")
@@ -114,34 +124,69 @@ def compare(labels: list[str], runs: list[dict[tuple, dict]]) -> str:
     return "\n".join(lines)
 
 
+def export(commits: list[str], folder: Path) -> list[Path]:
+    """Each commit's legalpt/ and csrc/ into folder/<sha>: trees to carry to a machine whose git lacks the commits."""
+    trees = []
+    for commit in commits:
+        sha = git("rev-parse", "--short", f"{commit}^{{commit}}")
+        tree = folder / sha
+        if tree.exists():
+            shutil.rmtree(tree)
+        tree.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", sha, "legalpt", "csrc"], capture_output=True)
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(tree, filter="data")
+        trees.append(tree)
+    return trees
+
+
+def sources(specs: list[str], work: Path, made: list[Path]) -> list[tuple[str, Path]]:
+    """Per spec its label and tree. A spec is a folder holding legalpt/ (an export) or a git revision, checked out
+    into a worktree under --work (added to `made`, for removal) once every revision is known to exist."""
+    folders = {spec: Path(spec).resolve() for spec in specs if (Path(spec) / "legalpt").is_dir()}
+    shas = {spec: git("rev-parse", "--short", f"{spec}^{{commit}}") for spec in specs if spec not in folders}
+    runs = []
+    for spec in specs:
+        if spec in folders:
+            runs.append((folders[spec].name, folders[spec]))
+            continue
+        tree = work / "trees" / shas[spec]
+        if tree not in made:
+            checkout(shas[spec], tree)
+            made.append(tree)
+        runs.append((shas[spec], tree))
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.export:
+        for tree in export(args.commits, args.export):
+            print(f"exported {tree}")
+        return 0
     work = args.work.resolve()
-    shas = [git("rev-parse", "--short", f"{c}^{{commit}}") for c in args.commits]
-    trees = {sha: work / "trees" / sha for sha in dict.fromkeys(shas)}
+    made: list[Path] = []
     try:
-        for sha, tree in trees.items():
-            checkout(sha, tree)
+        trees = sources(args.commits, work, made)
         if "--device" not in args.bench_args or args.bench_args[args.bench_args.index("--device") + 1] == "cuda":
-            build_all(trees, work, head_dims(args.bench_args))
-        labels, runs = [], []
-        for n, sha in enumerate(shas):
-            label, out = f"{n}:{sha}", work / "runs" / f"{n}-{sha}"
+            build_all(dict(trees), work, head_dims(args.bench_args))
+        runs = []
+        for n, (label, tree) in enumerate(trees):
+            out = work / "runs" / f"{n}-{label}"
             out.mkdir(parents=True, exist_ok=True)
             for old in out.glob("attention-*"):  # an earlier day's record would be read as this one's
                 old.unlink()
-            print(f"\n== {label} ({args.commits[n]})", flush=True)
+            print(f"\n== {n}:{label} ({args.commits[n]})", flush=True)
             command = [sys.executable, str(BENCH), *args.bench_args, "--out", str(out)]
-            if subprocess.run(command, env=environment(trees[sha], work, sha)).returncode:
-                raise SystemExit(f"the benchmark of {label} failed (its output is above)")
-            labels.append(label)
+            if subprocess.run(command, env=environment(tree, work, label)).returncode:
+                raise SystemExit(f"the benchmark of {n}:{label} failed (its output is above)")
             runs.append(load_rows(out))
     finally:
-        for tree in trees.values():
+        for tree in made:
             if tree.exists():
                 git("worktree", "remove", "--force", str(tree))
     print(f"\nrecords under {work / 'runs'}; ratios: the first commit's ms over each one's\n")
-    print(compare(labels, runs))
+    print(compare([f"{n}:{label}" for n, (label, _) in enumerate(trees)], runs))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""scripts/ab_attention.py as a CPU dry run: two runs of one commit side by side, and its argument checks."""
+"""scripts/ab_attention.py as a CPU dry run: one commit twice (exported, and as a worktree), and its argument checks."""
 
 import importlib.util
 import shutil
@@ -28,11 +28,15 @@ def _worktrees() -> list[str]:
 
 
 @needs_git
-def test_one_commit_twice_gives_two_records_and_leaves_no_worktree(ab, tmp_path, capsys):
+def test_one_commit_twice_as_export_and_worktree(ab, tmp_path, capsys):
     before = _worktrees()
-    assert ab.main(["--commits", "HEAD", "HEAD", "--work", str(tmp_path), "--", *BENCH, "--kernel-times", "1"]) == 0
-    runs = sorted((tmp_path / "runs").iterdir())
-    assert [r.name[:2] for r in runs] == ["0-", "1-"]
+    assert ab.main(["--commits", "HEAD", "--export", str(tmp_path / "ab")]) == 0
+    [exported] = (tmp_path / "ab").iterdir()
+    assert (exported / "legalpt" / "attention" / "kernels.py").is_file() and (exported / "csrc").is_dir()
+    argv = ["--commits", str(exported), "HEAD", "--work", str(tmp_path / "work"), "--", *BENCH, "--kernel-times", "1"]
+    assert ab.main(argv) == 0
+    runs = sorted((tmp_path / "work" / "runs").iterdir())
+    assert [r.name for r in runs] == [f"0-{exported.name}", f"1-{exported.name}"]  # the export is named by its sha
     assert all(len(list(r.glob("attention-*.json"))) == 1 for r in runs)
     table = capsys.readouterr().out.split("ratios: the first commit's ms over each one's")[1]
     rows = [line for line in table.splitlines() if line.startswith("reference")]
@@ -60,6 +64,8 @@ def test_bad_arguments_say_what_is_expected(ab, argv, message, capsys):
 
 
 @needs_git
-def test_an_unknown_commit_is_named(ab, tmp_path):
+def test_an_unknown_commit_is_named_before_any_worktree(ab, tmp_path):
+    before = _worktrees()
     with pytest.raises(SystemExit, match="no-such-commit"):
         ab.main(["--commits", "HEAD", "no-such-commit", "--work", str(tmp_path), "--", *BENCH])
+    assert _worktrees() == before
