@@ -134,6 +134,8 @@ def export(commits: list[str], folder: Path) -> list[Path]:
             shutil.rmtree(tree)
         tree.mkdir(parents=True)
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", sha, "legalpt", "csrc"], capture_output=True)
+        if archive.returncode:
+            raise SystemExit(f"git archive {sha}: {archive.stderr.decode().strip()}")
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(tree, filter="data")
         trees.append(tree)
