@@ -73,10 +73,11 @@ def checkout(sha: str, tree: Path) -> None:
     git("worktree", "add", "--detach", str(tree), sha)
 
 
-def environment(tree: Path, work: Path, sha: str) -> dict[str, str]:
-    """The commit's legalpt first on the path, and a kernel cache of its own."""
+def environment(tree: Path, work: Path, label: str) -> dict[str, str]:
+    """The tree's legalpt first on the path, and a kernel cache of its own (by label: an export and a worktree of
+    one commit share it)."""
     path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, PYTHONPATH=path, LEGALPT_KERNEL_CACHE=str(work / "cache" / sha))
+    return dict(os.environ, PYTHONPATH=path, LEGALPT_KERNEL_CACHE=str(work / "cache" / label))
 
 
 def head_dims(bench_args: list[str]) -> tuple[int, ...]:
@@ -87,14 +88,14 @@ def head_dims(bench_args: list[str]) -> tuple[int, ...]:
     return tuple(int(a) for a in after[: next((i for i, a in enumerate(after) if a.startswith("--")), len(after))])
 
 
-def build_all(trees: dict[str, Path], work: Path, dims: tuple[int, ...]) -> None:
-    """Every commit's kernels, in parallel processes (each build is one nvcc run per head dim)."""
+def build_kernels(trees: dict[str, Path], work: Path, dims: tuple[int, ...]) -> None:
+    """Every tree's kernels by its own kernels.build_all, the trees in parallel processes."""
     code = f"from legalpt.attention.kernels import build_all; print('built', build_all({dims!r}))"
     builds = {
-        sha: subprocess.Popen([sys.executable, "-c", code], env=environment(tree, work, sha), cwd=tree)
-        for sha, tree in trees.items()
+        label: subprocess.Popen([sys.executable, "-c", code], env=environment(tree, work, label), cwd=tree)
+        for label, tree in trees.items()
     }
-    if failed := [sha for sha, build in builds.items() if build.wait()]:
+    if failed := [label for label, build in builds.items() if build.wait()]:
         raise SystemExit(f"the kernels of {', '.join(failed)} did not build (their errors are above)")
 
 
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trees = sources(args.commits, work, made)
         if "--device" not in args.bench_args or args.bench_args[args.bench_args.index("--device") + 1] == "cuda":
-            build_all(dict(trees), work, head_dims(args.bench_args))
+            build_kernels(dict(trees), work, head_dims(args.bench_args))
         runs = []
         for n, (label, tree) in enumerate(trees):
             out = work / "runs" / f"{n}-{label}"
