@@ -633,6 +633,14 @@ __global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
   const bool valid = pair < static_cast<int64_t>(a.rows) * a.heads;  // a warp's lanes all reach the shuffles
   const int h = static_cast<int>(pair / a.rows), row = static_cast<int>(pair % a.rows);
   const int b = a.seqlen_q > 0 ? row / a.seqlen_q : 0, i = a.seqlen_q > 0 ? row % a.seqlen_q : row;
+  const int64_t at = b * a.lse_batch_stride + h * a.lse_head_stride + i;
+  // The row's logsumexp (and dlse) read before O and dO, so that both reads are in flight at once: read after the
+  // sum, they were a second round trip through memory per block, which made this pass latency-bound.
+  float lse = 0.f, dlse = 0.f;
+  if (valid && member == 0) {
+    lse = a.lse[at];
+    if (a.dlse != nullptr) dlse = a.dlse[at];
+  }
   float sum = 0.f;
   if (valid) {
     const T* o = row_ptr<const T>(a.out, b, 0, i, h);
@@ -646,10 +654,8 @@ __global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
   }
   for (int offset = a.group / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
   if (valid && member == 0) {
-    const int64_t at = b * a.lse_batch_stride + h * a.lse_head_stride + i;
-    const float lse = a.lse[at];
     a.lse_log2[at] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-    a.delta[at] = sum - (a.dlse != nullptr ? a.dlse[at] : 0.f);
+    a.delta[at] = sum - dlse;
   }
 }
 
