@@ -89,8 +89,12 @@ namespace legalpt::emu {
 struct Barrier {
   int expected = 0, arrived = 0, generation = 0;
   bool async = false;  // an mbarrier's phases: completed by copies that another thread issues, never by arrivals
+  // Per thread, the phase it last arrived in (+1): a second arrival in one phase, which the hardware would count as
+  // another thread's, is a kernel bug (a producer running a phase ahead of its consumers)
+  std::vector<int> arrived_in;
   void arrive();         // and wait for the others (bar.sync)
   void arrive_only();    // without waiting (bar.arrive)
+  void count_arrival();
 };
 
 // A cp.async copy in flight. It lands when its thread waits for its group; its destination holds all-ones bytes
@@ -249,15 +253,22 @@ inline void Mbarrier::wait(int parity) {
   landing.clear();
 }
 
-inline void Barrier::arrive_only() {
+inline void Barrier::count_arrival() {
   ++block.events;
+  if (arrived_in.size() <= static_cast<size_t>(block.current)) arrived_in.resize(block.fibers.size(), 0);
+  int& mine = arrived_in[block.current];
+  if (mine == generation + 1) block.fault = "emulated kernel: a thread arrived twice in one phase of a barrier";
+  mine = generation + 1;
+}
+inline void Barrier::arrive_only() {
+  count_arrival();
   if (++arrived == expected) {
     arrived = 0;
     ++generation;
   }
 }
 inline void Barrier::arrive() {
-  ++block.events;
+  count_arrival();
   const int gen = generation;
   if (++arrived == expected) {
     arrived = 0;

@@ -131,6 +131,16 @@ inline fa3::TensorMap tensor_map(const at::Tensor& t, int box_rows) {
 }
 #endif
 
+// Whether the fa3 kernels' items (query tiles in the forward, key tiles in the backward) all cost about alike, so
+// that persistent blocks (one per processor, each taking every processor-th item) finish together: a sliding window
+// without global tokens, layout or documents. Elsewhere (causal, varlen) the items' lengths differ by up to the whole
+// sequence, and blocks that take every processor-th item in turn finish far apart (causal 16k: +50% forward time,
+// session 11), so each item gets a block of its own, as in a plain grid.
+inline bool balanced_items(const Params& p, bool varlen) {
+  const bool window = p.mask.left >= 0 && (p.mask.causal || p.mask.right >= 0);
+  return window && p.mask.global_tokens == 0 && p.mask.layout == nullptr && !varlen;
+}
+
 // The forward: fa2's kernels (mma.sync, sm80+), or with kFa3 the Hopper ones (csrc/fa3, wgmma, sm90a) where the
 // build has them for this head dim (kHasFa3).
 #ifdef LEGALPT_WITH_FA3
@@ -162,15 +172,10 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
                               tensor_map(out, Tr::kBlockM),
                               m_tiles,
                               docs};
-      // Persistent blocks (one per processor) only where every item visits about as many key tiles: a sliding window
-      // without global tokens, layout or documents. Elsewhere (causal, varlen) the items' lengths differ by up to the
-      // whole sequence, and blocks that take every processor-th item in turn finish far apart (causal 16k: +50%
-      // forward time, session 11), so each item gets a block of its own, as in a plain grid.
-      const bool window = p.mask.left >= 0 && (p.mask.causal || p.mask.right >= 0);
-      const bool balanced = window && p.mask.global_tokens == 0 && p.mask.layout == nullptr && !cu_q;
       const int items = m_tiles * docs * p.heads;
       if (items > 0) {
-        launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, dim3(balanced ? std::min(items, launch.processors()) : items),
+        const bool persistent = balanced_items(p, cu_q.has_value());
+        launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, dim3(persistent ? std::min(items, launch.processors()) : items),
                Tr::kThreads, Tr::kSmem, args);
       }
 #endif
@@ -207,7 +212,6 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   p.dkv_split = view(dkv_split);
   constexpr int kKeys = BwdTraits<__half, kHeadDim>::kBlockN;
   const int key_blocks = (max_k + kKeys - 1) / kKeys + p.split_tiles * (p.split_chunks - 1);
-  const dim3 grid(key_blocks, documents(q, cu_q), k.size(-2));
   dispatch(q, p, [&](auto tag, auto general) {
     using T = typename decltype(tag)::type;
     constexpr bool kGeneral = decltype(general)::value;
@@ -222,11 +226,21 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
                               tensor_map(v, Tr::kBlockN),
                               tensor_map(dk, Tr::kBlockN),
                               tensor_map(dv, Tr::kBlockN),
-                              tensor_map(dq_accum, Tr::kBlockM)};
-      launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
+                              tensor_map(dq_accum, Tr::kBlockM),
+                              key_blocks,
+                              documents(q, cu_q)};
+      // Persistent blocks where the key tiles cost alike (balanced_items): the next item's K, V, Q and dO load while
+      // this one's last tile and its dK, dV store run
+      const int items = key_blocks * args.documents * static_cast<int>(k.size(-2));
+      if (items > 0) {
+        const bool persistent = balanced_items(p, cu_q.has_value()) && p.split_tiles == 0;
+        launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, dim3(persistent ? std::min(items, launch.processors()) : items),
+               Tr::kThreads, Tr::kSmem, args);
+      }
 #endif
     } else {
       using Tr = BwdTraits<T, kHeadDim>;
+      const dim3 grid(key_blocks, documents(q, cu_q), k.size(-2));
       launch(bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, p);
     }
     if (p.split_chunks > 1) {

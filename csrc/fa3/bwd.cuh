@@ -48,10 +48,11 @@ struct BwdTraits {
   static constexpr int kDqBytes = kBlockM * D * sizeof(float);     // dQ of a query tile, float32
   // dQ's split between the consumers: each computes all BM rows of its half of D's columns, over all BN keys
   static constexpr int kDqCols = D / 2;
-  // mbarriers: K and V's; per stage, its copies' (full) and its release (empty)
-  static constexpr int kBarriers = 5;
+  // mbarriers: K and V's copies (full) and release (empty); per stage, its copies' and its release
+  static constexpr int kBarriers = 6;
   // K, V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
-  // swizzle's period
+  // swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next item's Q and dO
+  // may land in the query stages meanwhile.
   static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
                                4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
@@ -64,11 +65,28 @@ struct BwdArgs {
   TensorMap q, dout, k, v;
   TensorMap dk, dv;  // stores of whole key tiles (boxes of kBlockN rows)
   TensorMap dq;      // reductions into dq_accum (float32, boxes of kBlockM rows)
+  int key_blocks, documents;  // items: key_blocks (split parts first) x documents x key heads
 };
 
-// The dQ warp of the backward's producer: per visited query tile, once the consumers have stored its dQ (BM x D,
-// float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees sdQ once they
-// have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked to 0).
+// Item i: a key tile, or a split key tile's part (fa2::bwd_kernel's blockIdx.x), of one document and key head; a
+// head's key tiles in turn, so that the blocks at work at once share its Q and dO in L2.
+struct BwdItem {
+  int n_blk, chunk, b, hk;  // chunk: the split tile's part, -1 for a whole tile
+  bool split;
+};
+__device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
+  const Params& p = a.p;
+  const int x = i % a.key_blocks, rest = i / a.key_blocks, split_blocks = p.split_tiles * p.split_chunks;
+  const bool split = x < split_blocks;
+  return {split ? x / p.split_chunks : x - split_blocks + p.split_tiles, split ? x % p.split_chunks : -1,
+          rest % a.documents, rest / a.documents, split};
+}
+
+// The dQ warp of the backward's producer, for one item: per visited query tile, once the consumers have stored its
+// dQ (BM x D, float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees
+// sdQ once they have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked
+// to 0). At the item's end the warp meets the consumers at kDqFree once more (a sync, so that it never arrives a
+// phase ahead): sdQ then carries the item's dV out.
 template <typename Tr>
 __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
                                              const Document& doc, int b, int batch, int hk, int n_blk, int chunk) {
@@ -86,6 +104,7 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
     }
     __syncwarp();
   }
+  named_sync(kDqFree, Tr::kDqThreads);
 }
 
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
@@ -100,69 +119,74 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   unsigned char* sV = sK + Tr::kKeyTileBytes;                      // (BN, D)
   unsigned char* sQ0 = sV + Tr::kKeyTileBytes;                     // 2 x (BM, D)
   unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
-  unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T
-  unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled
+  unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T; an item's dK at its end
+  unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled; an item's dV
   float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);       // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
   uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
-  uint64_t *kv_full = bars, *q_full = bars + 1, *q_empty = bars + 3;  // q_: per stage
-
-  // The split key tiles come first, split_chunks blocks each (as in fa2::bwd_kernel); chunk -1 is a whole tile.
-  const int split_blocks = p.split_tiles * p.split_chunks, b = blockIdx.y, hk = blockIdx.z;
-  const bool split = static_cast<int>(blockIdx.x) < split_blocks;
-  const int n_blk = split ? blockIdx.x / p.split_chunks : blockIdx.x - split_blocks + p.split_tiles;
-  const int chunk = split ? blockIdx.x % p.split_chunks : -1;
-  const Document doc = fa2::document(p, b);
-  if (n_blk * BN >= doc.lk) return;
+  uint64_t *kv_full = bars, *kv_empty = bars + 1, *q_full = bars + 2, *q_empty = bars + 4;  // q_: per stage
+  const int items = a.key_blocks * a.documents * (p.heads / p.kv_group);
   const int lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
     mbar_init(kv_full);
+    mbar_init(kv_empty, kConsumerThreads / 32);  // one arrival per consumer warp
     for (int s = 0; s < 2; ++s) {
       mbar_init(q_full + s, 1 + 32);                      // the TMA thread's and the second warp's 32 lanes'
-      mbar_init(q_empty + s, kConsumerThreads / 32);      // one arrival per consumer warp
+      mbar_init(q_empty + s, kConsumerThreads / 32);
     }
     mbar_fence_init();
   }
   __syncthreads();  // the barriers are initialized; the warpgroups part here
-  const int batch = map_batch(p, b);
-  fa2::BwdWork work{-1, 0, 0, 0, {}};
-  fa2::advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
+  // Every side walks the block's items (every gridDim.x-th: persistent where the host launches fewer blocks than
+  // items) and counts K/V's (n) and the query stages' (it) uses over all of them: the buffers' phases run on. An item
+  // whose key tile starts past its document's end is skipped by all; one that no query sees still stores zeros.
 
   if (threadIdx.x < 128) {  // the producer: thread 0 issues the TMA copies, warp 1 the logsumexp's and delta's,
     registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum
     const int warp = threadIdx.x / 32;
-    if (warp == 2) {
-      if (!p.deterministic) add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk);
-      return;
-    }
-    if (warp > 1 || (warp == 0 && lane != 0)) return;
-    if (warp == 0) {
-      mbar_expect(kv_full, 2 * Tr::kKeyTileBytes);
-      tma_load_tile<BN, D>(sK, a.k, hk, doc.k_start + n_blk * BN, batch, kv_full);
-      tma_load_tile<BN, D>(sV, a.v, hk, doc.k_start + n_blk * BN, batch, kv_full);
-    }
-    // One query tile of one head into its stage, once the consumers have freed it (two tiles ago). Q and dO: rows
-    // past the document hold the next one's or zeros (the tile is partial, its mask zeroes their P, the consumers
-    // zero those rows); logsumexp and delta: zero-filled there.
-    for (int it = 0; work.g < p.kv_group; ++it) {
-      const int stage = it % 2, h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
-      if (it >= 2) mbar_wait(q_empty + stage, (it / 2 - 1) % 2);
-      if (warp == 0) {
-        mbar_expect(q_full + stage, 2 * Tr::kQueryTileBytes);
-        tma_load_tile<BM, D>(sQ0 + stage * Tr::kQueryTileBytes, a.q, h, row, batch, q_full + stage);
-        tma_load_tile<BM, D>(sdO0 + stage * Tr::kQueryTileBytes, a.dout, h, row, batch, q_full + stage);
-      } else {
-        const int valid = doc.lq - work.tile * BM;
-#pragma unroll
-        for (int r = lane; r < BM; r += 32) {
-          const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + row + r;
-          cp_async4(sLse0 + stage * BM + r, p.lse_log2 + at, r < valid);
-          cp_async4(sDelta0 + stage * BM + r, p.delta + at, r < valid);
-        }
-        cp_async_arrive(q_full + stage);
+    if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
+    for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
+      const BwdItem item = bwd_item(a, i);
+      const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk;
+      const Document doc = fa2::document(p, b);
+      if (n_blk * BN >= doc.lk) continue;
+      const int batch = map_batch(p, b);
+      fa2::BwdWork work{-1, 0, 0, 0, {}};
+      fa2::advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
+      if (warp == 2) {
+        add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk);
+        continue;
       }
-      fa2::advance(p, work, b, hk, n_blk, chunk);
+      if (warp == 0) {  // K and V once the last item's MMAs are done with them
+        if (n > 0) mbar_wait(kv_empty, (n - 1) % 2);
+        mbar_expect(kv_full, 2 * Tr::kKeyTileBytes);
+        tma_load_tile<BN, D>(sK, a.k, hk, doc.k_start + n_blk * BN, batch, kv_full);
+        tma_load_tile<BN, D>(sV, a.v, hk, doc.k_start + n_blk * BN, batch, kv_full);
+      }
+      ++n;
+      // One query tile of one head into its stage, once the consumers have freed it (two tiles ago). Q and dO: rows
+      // past the document hold the next one's or zeros (the tile is partial, its mask zeroes their P, the consumers
+      // zero those rows); logsumexp and delta: zero-filled there.
+      for (; work.g < p.kv_group; ++it) {
+        const int stage = it % 2, h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
+        if (it >= 2) mbar_wait(q_empty + stage, (it / 2 - 1) % 2);
+        if (warp == 0) {
+          mbar_expect(q_full + stage, 2 * Tr::kQueryTileBytes);
+          tma_load_tile<BM, D>(sQ0 + stage * Tr::kQueryTileBytes, a.q, h, row, batch, q_full + stage);
+          tma_load_tile<BM, D>(sdO0 + stage * Tr::kQueryTileBytes, a.dout, h, row, batch, q_full + stage);
+        } else {
+          const int valid = doc.lq - work.tile * BM;
+#pragma unroll
+          for (int r = lane; r < BM; r += 32) {
+            const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + row + r;
+            cp_async4(sLse0 + stage * BM + r, p.lse_log2 + at, r < valid);
+            cp_async4(sDelta0 + stage * BM + r, p.delta + at, r < valid);
+          }
+          cp_async_arrive(q_full + stage);
+        }
+        fa2::advance(p, work, b, hk, n_blk, chunk);
+      }
     }
     return;
   }
@@ -188,142 +212,159 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   // applied to the address, as for the K-major operands' 32-byte steps)
   const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128 + (dq_col0 % 64) * 2);
 
-  float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
-  fa2::BwdWork next = work;  // read an iteration ahead: its tile index comes from global memory
-  fa2::advance(p, next, b, hk, n_blk, chunk);
-  mbar_wait(kv_full, 0);
-  if (p.cu_seqlens_k != nullptr && (n_blk + 1) * BN > doc.lk) {
-    zero_past_document(std::integral_constant<int, BN>{}, sK, sV, doc.lk - n_blk * BN);
-  }
-  for (int it = 0; work.g < p.kv_group; ++it) {
-    const int stage = it % 2;
-    mbar_wait(q_full + stage, (it / 2) % 2);  // the stage's Q, dO, logsumexp and delta
-    if (p.cu_seqlens_q != nullptr && (work.tile + 1) * BM > doc.lq) {
-      zero_past_document(std::integral_constant<int, BM>{}, sQ0 + stage * Tr::kQueryTileBytes,
-                         sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM);
-    }
-    const int h = hk * p.kv_group + work.g, m_blk = work.tile;
-    const uint32_t sq = smem_addr(sQ0 + stage * Tr::kQueryTileBytes), sdo = smem_addr(sdO0 + stage * Tr::kQueryTileBytes);
-    const uint64_t q_desc = descriptor(sq), do_desc = descriptor(sdo);  // K-major: B of S^T and dP^T
-    const uint64_t q_desc_n = descriptor(sq, BM * 128), do_desc_n = descriptor(sdo, BM * 128);  // N-major: of dK, dV
-
-    float st[BM / 8][4], dpt[BM / 8][4];  // S^T and dP^T: rows key0 + lane / 4 (+8), queries 8 n + 2 (lane % 4) (+1)
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {  // 16 columns of D are 32 bytes of a line; 64 columns a panel
-      const int at = (kk % 4) * 32;
-      wgmma_ss<T, BM>(st, k_desc + ((kk / 4) * BN * 128 + at) / 16, q_desc + ((kk / 4) * BM * 128 + at) / 16, kk > 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int at = (kk % 4) * 32;
-      wgmma_ss<T, BM>(dpt, v_desc + ((kk / 4) * BN * 128 + at) / 16, do_desc + ((kk / 4) * BM * 128 + at) / 16,
-                      kk > 0);
-    }
-    wgmma_commit();
-    const float* lse = sLse0 + stage * BM;
-    const float* delta = sDelta0 + stage * BM;
-    auto query = [&](int n, int c) { return 8 * n + 2 * (lane % 4) + c % 2; };  // the query of st[n][c] in the tile
-    const bool partial = work.t < work.vis.partial;
-    uint32_t pa[BM / 16][4], dsa[BM / 16][4];  // P^T and dS^T as A fragments, 16 queries each
-    if constexpr (kGeneral) {  // softcap's dS needs the raw score beside dP^T: both first
-      wgmma_wait<0>();
-      pin<BM / 8>(st);
-      pin<BM / 8>(dpt);
-#pragma unroll
-      for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse[query(n, c)], delta[query(n, c)]);
-        }
-      if (partial) {
-        fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
-                                           [&](int n, int c) { st[n][c] = dpt[n][c] = 0.f; });
-      }
-    } else {  // P^T while dP^T is still computed; masked P^T is 0, and so is its dS^T
-      wgmma_wait<1>();
-      pin<BM / 8>(st);
-#pragma unroll
-      for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse[query(n, c)]);
-      if (partial) {
-        fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
-                                           [&](int n, int c) { st[n][c] = 0.f; });
-      }
-    }
-    to_fragments<T, BM>(st, pa);
-    pin<D / 8>(dv[0]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)  // dV += P^T dO, 16 queries: 16 lines of every panel
-      wgmma_rs<T, D>(dv[0], pa[kk], do_desc_n + (kk * 16 * 128) / 16);
-    wgmma_commit();
-    if constexpr (!kGeneral) {  // dS^T while dV's MMAs run
-      wgmma_wait<1>();
-      pin<BM / 8>(dpt);
-#pragma unroll
-      for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta[query(n, c)]);
-    }
-    to_fragments<T, BM>(dpt, dsa);
-
-    auto dk_grads = [&] {  // dK += dS^T Q
-      pin<D / 8>(dk[0]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<T, D>(dk[0], dsa[kk], q_desc_n + (kk * 16 * 128) / 16);
-      wgmma_commit();
-    };
-    if (p.deterministic) {
-      dk_grads();
-    } else {  // dQ's MMAs before dK's, so that its store runs beside dK's MMAs
-      // dS^T's buffer it % 2: the other consumer read the tile before it (it - 2) before it stored the last one's
-      store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
-      fence_proxy_async();
-      named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
-      float dq[1][kDqCols / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
-      const uint64_t ds = ds_desc + stage * Tr::kDsBytes / 16;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
-        wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
-      wgmma_commit();
-      dk_grads();
-      wgmma_wait<1>();  // dV's and dQ's
-      pin<kDqCols / 8>(dq[0]);
-      named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
-      store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
-      fence_proxy_async();
-      named_arrive(kDqStored, Tr::kDqThreads);
-    }
-    wgmma_wait<0>();
-    pin<D / 8>(dk[0]);
-    pin<D / 8>(dv[0]);
-    if (lane == 0) mbar_arrive(q_empty + stage);  // the warp is done with the stage
-    work = next;
+  for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
+    const BwdItem item = bwd_item(a, i);
+    const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk;
+    const bool split = item.split;
+    const Document doc = fa2::document(p, b);
+    if (n_blk * BN >= doc.lk) continue;
+    const int batch = map_batch(p, b);
+    fa2::BwdWork work{-1, 0, 0, 0, {}};
+    fa2::advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
+    float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
+    fa2::BwdWork next = work;  // read an iteration ahead: its tile index comes from global memory
     fa2::advance(p, next, b, hk, n_blk, chunk);
-  }
-  // A whole key tile goes out by TMA from the query stages' buffers (free once both consumers are done; Q's two
-  // stages together hold one (BN, D) tile, and so do dO's): 128-byte lines instead of every thread's 4-byte stores.
-  // A tile past a varlen document's end and a split tile's part (float32 sums) keep fa2's stores.
-  if (!split && (p.cu_seqlens_k == nullptr || (n_blk + 1) * BN <= doc.lk)) {
-    static_assert(2 * Tr::kQueryTileBytes >= Tr::kKeyTileBytes, "dK and dV each fit the query stages' buffers");
-    named_sync(kConsumersSync, kConsumerThreads);  // both consumers are done with the query stages
-    store_swizzled<T, BN, D>(sQ0, dk[0], key0);
-    store_swizzled<T, BN, D>(sdO0, dv[0], key0);
-    fence_proxy_async();
-    named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
-    if (thread == 0) {
-      tma_store_tile<BN, D>(a.dk, sQ0, hk, doc.k_start + n_blk * BN, batch);
-      tma_store_tile<BN, D>(a.dv, sdO0, hk, doc.k_start + n_blk * BN, batch);
-      bulk_commit();
-      bulk_wait_read<0>();  // the stores have read shared memory before the block ends
+    mbar_wait(kv_full, n % 2);
+    if (p.cu_seqlens_k != nullptr && (n_blk + 1) * BN > doc.lk) {
+      zero_past_document(std::integral_constant<int, BN>{}, sK, sV, doc.lk - n_blk * BN);
     }
-  } else {
-    fa2::store_dkv<T, 1, D, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, 0, split);
+    for (; work.g < p.kv_group; ++it) {
+      const int stage = it % 2;
+      mbar_wait(q_full + stage, (it / 2) % 2);  // the stage's Q, dO, logsumexp and delta
+      if (p.cu_seqlens_q != nullptr && (work.tile + 1) * BM > doc.lq) {
+        zero_past_document(std::integral_constant<int, BM>{}, sQ0 + stage * Tr::kQueryTileBytes,
+                           sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM);
+      }
+      const int h = hk * p.kv_group + work.g, m_blk = work.tile;
+      const uint32_t sq = smem_addr(sQ0 + stage * Tr::kQueryTileBytes), sdo = smem_addr(sdO0 + stage * Tr::kQueryTileBytes);
+      const uint64_t q_desc = descriptor(sq), do_desc = descriptor(sdo);  // K-major: B of S^T and dP^T
+      const uint64_t q_desc_n = descriptor(sq, BM * 128), do_desc_n = descriptor(sdo, BM * 128);  // N-major: of dK, dV
+
+      float st[BM / 8][4], dpt[BM / 8][4];  // S^T and dP^T: rows key0 + lane / 4 (+8), queries 8 n + 2 (lane % 4) (+1)
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {  // 16 columns of D are 32 bytes of a line; 64 columns a panel
+        const int at = (kk % 4) * 32;
+        wgmma_ss<T, BM>(st, k_desc + ((kk / 4) * BN * 128 + at) / 16, q_desc + ((kk / 4) * BM * 128 + at) / 16, kk > 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int at = (kk % 4) * 32;
+        wgmma_ss<T, BM>(dpt, v_desc + ((kk / 4) * BN * 128 + at) / 16, do_desc + ((kk / 4) * BM * 128 + at) / 16,
+                        kk > 0);
+      }
+      wgmma_commit();
+      const float* lse = sLse0 + stage * BM;
+      const float* delta = sDelta0 + stage * BM;
+      auto query = [&](int n, int c) { return 8 * n + 2 * (lane % 4) + c % 2; };  // the query of st[n][c] in the tile
+      const bool partial = work.t < work.vis.partial;
+      uint32_t pa[BM / 16][4], dsa[BM / 16][4];  // P^T and dS^T as A fragments, 16 queries each
+      if constexpr (kGeneral) {  // softcap's dS needs the raw score beside dP^T: both first
+        wgmma_wait<0>();
+        pin<BM / 8>(st);
+        pin<BM / 8>(dpt);
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse[query(n, c)], delta[query(n, c)]);
+          }
+        if (partial) {
+          fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+                                             [&](int n, int c) { st[n][c] = dpt[n][c] = 0.f; });
+        }
+      } else {  // P^T while dP^T is still computed; masked P^T is 0, and so is its dS^T
+        wgmma_wait<1>();
+        pin<BM / 8>(st);
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse[query(n, c)]);
+        if (partial) {
+          fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+                                             [&](int n, int c) { st[n][c] = 0.f; });
+        }
+      }
+      to_fragments<T, BM>(st, pa);
+      pin<D / 8>(dv[0]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)  // dV += P^T dO, 16 queries: 16 lines of every panel
+        wgmma_rs<T, D>(dv[0], pa[kk], do_desc_n + (kk * 16 * 128) / 16);
+      wgmma_commit();
+      if constexpr (!kGeneral) {  // dS^T while dV's MMAs run
+        wgmma_wait<1>();
+        pin<BM / 8>(dpt);
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta[query(n, c)]);
+      }
+      to_fragments<T, BM>(dpt, dsa);
+
+      auto dk_grads = [&] {  // dK += dS^T Q
+        pin<D / 8>(dk[0]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<T, D>(dk[0], dsa[kk], q_desc_n + (kk * 16 * 128) / 16);
+        wgmma_commit();
+      };
+      if (p.deterministic) {
+        dk_grads();
+      } else {  // dQ's MMAs before dK's, so that its store runs beside dK's MMAs
+        // dS^T's buffer it % 2: the other consumer read the tile before it (it - 2) before it stored the last one's
+        store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
+        fence_proxy_async();
+        named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
+        float dq[1][kDqCols / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
+        const uint64_t ds = ds_desc + stage * Tr::kDsBytes / 16;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
+          wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
+        wgmma_commit();
+        dk_grads();
+        wgmma_wait<1>();  // dV's and dQ's
+        pin<kDqCols / 8>(dq[0]);
+        named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
+        store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
+        fence_proxy_async();
+        named_arrive(kDqStored, Tr::kDqThreads);
+      }
+      wgmma_wait<0>();
+      pin<D / 8>(dk[0]);
+      pin<D / 8>(dv[0]);
+      if (lane == 0) mbar_arrive(q_empty + stage);  // the warp is done with the stage
+      work = next;
+      fa2::advance(p, next, b, hk, n_blk, chunk);
+    }
+    if (lane == 0) mbar_arrive(kv_empty);  // the warp's MMAs are done with K and V: the next item's may come
+    ++n;
+    // The item's dK and dV (2 x (BN, D)) go out through the dS^T buffers and dQ's, once the dQ warp's last reduction
+    // has read sdQ (the consumers meet it there, the other consumer's last dQ MMAs done with sdS too), while the
+    // next item's Q and dO land in the query stages. A whole key tile goes out by TMA (128-byte lines instead of
+    // every thread's 4-byte stores); a tile past a varlen document's end and a split tile's part (float32 sums) keep
+    // fa2's stores.
+    if (!p.deterministic) named_sync(kDqFree, Tr::kDqThreads);
+    if (!split && (p.cu_seqlens_k == nullptr || (n_blk + 1) * BN <= doc.lk)) {
+      static_assert(2 * Tr::kDsBytes >= Tr::kKeyTileBytes && Tr::kDqBytes >= Tr::kKeyTileBytes,
+                    "dK fits the dS^T buffers and dV dQ's");
+      store_swizzled<T, BN, D>(sdS0, dk[0], key0);
+      store_swizzled<T, BN, D>(sdQ, dv[0], key0);
+      fence_proxy_async();
+      named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
+      if (thread == 0) {
+        tma_store_tile<BN, D>(a.dk, sdS0, hk, doc.k_start + n_blk * BN, batch);
+        tma_store_tile<BN, D>(a.dv, sdQ, hk, doc.k_start + n_blk * BN, batch);
+        bulk_commit();
+        bulk_wait_read<0>();  // the stores have read sdS and sdQ: the next item may write them
+      }
+      // The consumers wait here instead of for the next item's K and V, which are on their way meanwhile
+      named_sync(kConsumersSync, kConsumerThreads);
+    } else {
+      fa2::store_dkv<T, 1, D, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, 0, split);
+    }
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // another target's code: fa3.check never launches it there, and it must not pass silently

@@ -50,7 +50,8 @@ CASES = {  # name: (head_dim, dtype, (Sq, Sk), (heads, kv heads), mask keyword a
 }  # fmt: skip
 # The fa3 kernels' instantiations (d64, d128; plain and general; both dtypes) and paths: GQA and MQA, rows without
 # keys, unequal lengths, the deterministic dQ pass (fa2's), dQ by D's halves, query tiles no key tile visits (dQ
-# zero); sliding windows run the persistent forward (three emulated processors, each block taking several items).
+# zero); sliding windows run the persistent forward and backward (three emulated processors, each block taking
+# several items: query tiles, and key tiles whose K, V and dK, dV buffers each item reuses).
 FA3_CASES = {
     "fa3-causal-d64-gqa": (64, torch.bfloat16, (130, 130), (4, 2), {"causal": True}),
     "fa3-global-window-d128-unequal": (
@@ -64,6 +65,16 @@ FA3_CASES = {
     "fa3-dense-d64-fp16-deterministic": (64, torch.float16, (70, 150), (2, 2), {"deterministic": True}),
     "fa3-causal-d100-padded": (100, torch.bfloat16, (70, 70), (2, 1), {"causal": True}),  # zero-padded to 128
     "fa3-window-d64-persistent": (64, torch.bfloat16, (300, 300), (2, 1), {"causal": True, "window_size": (100, 0)}),
+    "fa3-window-d128-persistent-gqa": (
+        128, torch.float16, (400, 400), (4, 2), {"causal": True, "window_size": (150, 0)},
+    ),
+    "fa3-window-d64-persistent-deterministic": (
+        64, torch.bfloat16, (300, 300), (2, 1), {"causal": True, "window_size": (100, 0), "deterministic": True},
+    ),
+    # bottom-right causal: the 60 rows see keys 290-399 only, so key tiles 0 and 1 visit no query tile (dK, dV zero)
+    "fa3-window-d128-persistent-unvisited-key-tiles": (
+        128, torch.bfloat16, (60, 400), (2, 1), {"causal": True, "window_size": (50, 0)},
+    ),
     # bottom-right causal: the first 140 rows see no key, so no key tile visits query tiles 0 and 1
     "fa3-causal-unvisited-query-tiles-d64": (64, torch.bfloat16, (200, 60), (2, 1), {"causal": True}),
 }  # fmt: skip
