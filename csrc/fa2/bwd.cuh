@@ -602,8 +602,9 @@ __global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const _
 
 // The backward's preprocessing: per (query row, head), delta = rowsum(dO * O) - dlse and the log2-domain
 // logsumexp the kernels subtract (+inf where the row sees no key). `group` lanes per row and head (a power of two
-// <= 32), float32 sums. With kVec = 8 each lane reads 16-byte chunks, so a row of up to 256 elements takes one
-// round trip to memory (a loop of 2-byte reads made this pass latency-bound); kVec = 1 serves unaligned rows.
+// <= 32), float32 sums. With kVec = 8 each lane reads 16-byte chunks, kChunks of them (of O and of dO) issued before
+// the first product, so that a row takes one round trip to memory and a lane has 64 bytes in flight (a loop of 2-byte
+// reads made this pass latency-bound; one chunk per lane left it at 2.6 TB/s); kVec = 1 serves unaligned rows.
 // Pairs are taken head by head, so that neighbouring lanes write neighbouring words of logsumexp and delta (laid
 // out head-major) instead of words a sequence apart.
 struct PrepArgs {
@@ -626,7 +627,7 @@ struct alignas(N * sizeof(T)) Chunk {  // N elements read as one load
   T x[N];
 };
 
-template <typename T, int kVec>
+template <typename T, int kVec, int kChunks>
 __global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
   const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / a.group;
   const int member = threadIdx.x % a.group;
@@ -645,11 +646,23 @@ __global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
   if (valid) {
     const T* o = row_ptr<const T>(a.out, b, 0, i, h);
     const T* d = row_ptr<const T>(a.dout, b, 0, i, h);
-    for (int c = member * kVec; c < a.head_dim; c += a.group * kVec) {
-      const Chunk<T, kVec> x = *reinterpret_cast<const Chunk<T, kVec>*>(o + c);
-      const Chunk<T, kVec> y = *reinterpret_cast<const Chunk<T, kVec>*>(d + c);
+    constexpr int kStride = kChunks * kVec;  // elements a lane covers per pass, in units of the group
+    for (int c0 = member * kVec; c0 < a.head_dim; c0 += a.group * kStride) {
+      Chunk<T, kVec> x[kChunks], y[kChunks];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) sum += to_float(x.x[e]) * to_float(y.x[e]);
+      for (int j = 0; j < kChunks; ++j) {
+        if (const int c = c0 + j * a.group * kVec; c < a.head_dim) {
+          x[j] = *reinterpret_cast<const Chunk<T, kVec>*>(o + c);
+          y[j] = *reinterpret_cast<const Chunk<T, kVec>*>(d + c);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        if (c0 + j * a.group * kVec < a.head_dim) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) sum += to_float(x[j].x[e]) * to_float(y[j].x[e]);
+        }
+      }
     }
   }
   for (int offset = a.group / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);

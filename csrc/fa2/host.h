@@ -289,8 +289,9 @@ void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& ls
     return ok;
   };
   const bool vec = aligned(out) && aligned(dout);
+  constexpr int kChunks = 2;  // chunks of 8 per lane where the rows are aligned
   a.group = 32;
-  while (vec && a.group > 1 && a.group / 2 * 8 >= a.head_dim) a.group /= 2;  // the fewest lanes for one chunk each
+  while (vec && a.group > 1 && a.group / 2 * 8 * kChunks >= a.head_dim) a.group /= 2;  // the fewest lanes for that
   constexpr int kThreads = 256;
   const int64_t blocks = (static_cast<int64_t>(a.rows) * a.heads * a.group + kThreads - 1) / kThreads;
   if (blocks == 0) return;
@@ -298,9 +299,9 @@ void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& ls
   by_type(out, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (vec) {
-      launch(bwd_prep_kernel<T, 8>, grid, kThreads, 0, a);
+      launch(bwd_prep_kernel<T, 8, kChunks>, grid, kThreads, 0, a);
     } else {
-      launch(bwd_prep_kernel<T, 1>, grid, kThreads, 0, a);
+      launch(bwd_prep_kernel<T, 1, 1>, grid, kThreads, 0, a);
     }
   });
 }
