@@ -93,6 +93,18 @@ void mbarrier_extra_arrival(Args) {
   }
 }
 
+// Warp 0 arrives twice at named barrier 1 of 64 threads before warp 1 gets there (a producer a phase ahead of its
+// consumer): the hardware would count the second arrival as warp 1's and complete the phase without it. The launch
+// raises.
+void named_barrier_arrived_twice(Args) {
+  if (threadIdx.x < 32) {
+    named_arrive(1, 64);
+    named_arrive(1, 64);
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) named_sync(1, 64);
+}
+
 }  // namespace checks
 
 // Runs check `name` over 4 blocks (every schedule); what the waiting thread saw in each block.
@@ -102,6 +114,7 @@ inline at::Tensor check_emulation(const std::string& name) {
       {"named_barrier_left_over", checks::named_barrier_left_over},
       {"mbarrier_arrivals", checks::mbarrier_arrivals},
       {"mbarrier_extra_arrival", checks::mbarrier_extra_arrival},
+      {"named_barrier_arrived_twice", checks::named_barrier_arrived_twice},
   };
   const auto kernel = kernels.find(name);
   TORCH_CHECK(kernel != kernels.end(), "check_emulation: no check named '", name, "'");

@@ -223,7 +223,8 @@ def test_emulated_varlen_documents_stay_apart(backend: str, rng):
 def test_emulation_synchronizes_as_the_hardware():
     """The emulation's named barriers and counted mbarriers (the warp-specialized fa3 kernels' synchronization):
     a waiter sees what was written before the arrivals it waited for, under every schedule; an arrival nobody waits
-    for, and one more arrival than an mbarrier's count, raise instead of passing silently."""
+    for, one more arrival than an mbarrier's count, and a thread arriving twice in one phase of a named barrier raise
+    instead of passing silently."""
     ext = kernels.fa2_emulated(64)
     assert ext.check_emulation("named_barrier").tolist() == [1, 1, 1, 1]
     assert ext.check_emulation("mbarrier_arrivals").tolist() == [1, 1, 1, 1]
@@ -231,6 +232,8 @@ def test_emulation_synchronizes_as_the_hardware():
         ext.check_emulation("named_barrier_left_over")
     with pytest.raises(RuntimeError, match="arrived at an mbarrier again"):
         ext.check_emulation("mbarrier_extra_arrival")
+    with pytest.raises(RuntimeError, match="arrived twice in one phase"):
+        ext.check_emulation("named_barrier_arrived_twice")
 
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
