@@ -141,6 +141,14 @@ inline bool balanced_items(const Params& p, bool varlen) {
   return window && p.mask.global_tokens == 0 && p.mask.layout == nullptr && !varlen;
 }
 
+// The fa3 kernels' 1-D grid of work items (tiles x documents x heads), checked before launch: the blocks step through
+// it by gridDim.x in int, so blockIdx.x + gridDim.x must stay below 2^31.
+inline int item_count(int64_t items, const char* kernel) {
+  TORCH_CHECK(items < (int64_t{1} << 30), "fa3 ", kernel, ": ", items,
+              " work items (tiles x documents x heads), at most 2^30 are supported; split the batch");
+  return static_cast<int>(items);
+}
+
 // The forward: fa2's kernels (mma.sync, sm80+), or with kFa3 the Hopper ones (csrc/fa3, wgmma, sm90a) where the
 // build has them for this head dim (kHasFa3).
 #ifdef LEGALPT_WITH_FA3
@@ -172,7 +180,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
                               tensor_map(out, Tr::kBlockM),
                               m_tiles,
                               docs};
-      const int items = m_tiles * docs * p.heads;
+      const int items = item_count(int64_t{m_tiles} * docs * p.heads, "forward");
       if (items > 0) {
         const bool persistent = balanced_items(p, cu_q.has_value());
         launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, dim3(persistent ? std::min(items, launch.processors()) : items),
@@ -231,7 +239,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
                               documents(q, cu_q)};
       // Persistent blocks where the key tiles cost alike (balanced_items): the next item's K, V, Q and dO load while
       // this one's last tile and its dK, dV store run
-      const int items = key_blocks * args.documents * static_cast<int>(k.size(-2));
+      const int items = item_count(int64_t{key_blocks} * args.documents * k.size(-2), "backward");
       if (items > 0) {
         const bool persistent = balanced_items(p, cu_q.has_value()) && p.split_tiles == 0;
         launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, dim3(persistent ? std::min(items, launch.processors()) : items),
