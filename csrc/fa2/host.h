@@ -141,12 +141,14 @@ inline bool balanced_items(const Params& p, bool varlen) {
   return window && p.mask.global_tokens == 0 && p.mask.layout == nullptr && !varlen;
 }
 
-// The fa3 kernels' 1-D grid of work items (tiles x documents x heads), checked before launch: the blocks step through
-// it by gridDim.x in int, so blockIdx.x + gridDim.x must stay below 2^31.
-inline int item_count(int64_t items, const char* kernel) {
+// The fa3 kernels' 1-D grid over their work items (tiles x documents x heads): one block per processor where
+// persistent (balanced_items), else one per item. Checked before launch: the blocks step through the items by
+// gridDim.x in int, so blockIdx.x + gridDim.x must stay below 2^31.
+template <typename Launch>
+dim3 item_grid(const Launch& launch, int64_t items, bool persistent, const char* kernel) {
   TORCH_CHECK(items < (int64_t{1} << 30), "fa3 ", kernel, ": ", items,
               " work items (tiles x documents x heads), at most 2^30 are supported; split the batch");
-  return static_cast<int>(items);
+  return dim3(static_cast<unsigned>(persistent ? std::min<int64_t>(items, launch.processors()) : items));
 }
 
 // The forward: fa2's kernels (mma.sync, sm80+), or with kFa3 the Hopper ones (csrc/fa3, wgmma, sm90a) where the
@@ -180,12 +182,9 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
                               tensor_map(out, Tr::kBlockM),
                               m_tiles,
                               docs};
-      const int items = item_count(int64_t{m_tiles} * docs * p.heads, "forward");
-      if (items > 0) {
-        const bool persistent = balanced_items(p, cu_q.has_value());
-        launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, dim3(persistent ? std::min(items, launch.processors()) : items),
-               Tr::kThreads, Tr::kSmem, args);
-      }
+      const dim3 grid =
+          item_grid(launch, int64_t{m_tiles} * docs * p.heads, balanced_items(p, cu_q.has_value()), "forward");
+      if (grid.x > 0) launch(fa3::fwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
 #endif
     } else {
       using Tr = FwdTraits<T, kHeadDim>;
@@ -237,14 +236,11 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
                               tensor_map(dq_accum, Tr::kBlockM),
                               key_blocks,
                               documents(q, cu_q)};
-      // Persistent blocks where the key tiles cost alike (balanced_items): the next item's K, V, Q and dO load while
-      // this one's last tile and its dK, dV store run
-      const int items = item_count(int64_t{key_blocks} * args.documents * k.size(-2), "backward");
-      if (items > 0) {
-        const bool persistent = balanced_items(p, cu_q.has_value()) && p.split_tiles == 0;
-        launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, dim3(persistent ? std::min(items, launch.processors()) : items),
-               Tr::kThreads, Tr::kSmem, args);
-      }
+      // Persistent where the key tiles cost alike: the next item's K, V, Q and dO load while this one's last tile
+      // and its dK, dV store run
+      const dim3 grid = item_grid(launch, int64_t{key_blocks} * args.documents * k.size(-2),
+                                  balanced_items(p, cu_q.has_value()), "backward");
+      if (grid.x > 0) launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
 #endif
     } else {
       using Tr = BwdTraits<T, kHeadDim>;

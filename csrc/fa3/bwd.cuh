@@ -70,16 +70,31 @@ struct BwdArgs {
 
 // Item i: a key tile, or a split key tile's part (fa2::bwd_kernel's blockIdx.x), of one document and key head; a
 // head's key tiles in turn, so that the blocks at work at once share its Q and dO in L2.
+// Every side of the block decodes its items here, so that all skip the same ones and visit the same pairs.
 struct BwdItem {
   int n_blk, chunk, b, hk;  // chunk: the split tile's part, -1 for a whole tile
   bool split;
+  Document doc;
+  int batch;     // the tensor maps' batch coordinate (map_batch)
+  bool skipped;  // the key tile starts past its document's end: no side does anything for it
+  fa2::BwdWork work;  // its first (query head, query tile) pair, if any
 };
+template <int BN>
 __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
   const Params& p = a.p;
   const int x = i % a.key_blocks, rest = i / a.key_blocks, split_blocks = p.split_tiles * p.split_chunks;
-  const bool split = x < split_blocks;
-  return {split ? x / p.split_chunks : x - split_blocks + p.split_tiles, split ? x % p.split_chunks : -1,
-          rest % a.documents, rest / a.documents, split};
+  BwdItem item{};
+  item.split = x < split_blocks;
+  item.n_blk = item.split ? x / p.split_chunks : x - split_blocks + p.split_tiles;
+  item.chunk = item.split ? x % p.split_chunks : -1;
+  item.b = rest % a.documents;
+  item.hk = rest / a.documents;
+  item.doc = fa2::document(p, item.b);
+  item.batch = map_batch(p, item.b);
+  item.skipped = item.n_blk * BN >= item.doc.lk;
+  item.work = {-1, 0, 0, 0, {}};
+  if (!item.skipped) fa2::advance(p, item.work, item.b, item.hk, item.n_blk, item.chunk);
+  return item;
 }
 
 // The dQ warp of the backward's producer, for one item: per visited query tile, once the consumers have stored its
@@ -147,13 +162,11 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     const int warp = threadIdx.x / 32;
     if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
     for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
-      const BwdItem item = bwd_item(a, i);
-      const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk;
-      const Document doc = fa2::document(p, b);
-      if (n_blk * BN >= doc.lk) continue;
-      const int batch = map_batch(p, b);
-      fa2::BwdWork work{-1, 0, 0, 0, {}};
-      fa2::advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
+      BwdItem item = bwd_item<BN>(a, i);
+      if (item.skipped) continue;
+      const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk, batch = item.batch;
+      const Document& doc = item.doc;
+      fa2::BwdWork& work = item.work;
       if (warp == 2) {
         add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk);
         continue;
@@ -213,14 +226,12 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128 + (dq_col0 % 64) * 2);
 
   for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
-    const BwdItem item = bwd_item(a, i);
-    const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk;
+    BwdItem item = bwd_item<BN>(a, i);
+    if (item.skipped) continue;
+    const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk, batch = item.batch;
     const bool split = item.split;
-    const Document doc = fa2::document(p, b);
-    if (n_blk * BN >= doc.lk) continue;
-    const int batch = map_batch(p, b);
-    fa2::BwdWork work{-1, 0, 0, 0, {}};
-    fa2::advance(p, work, b, hk, n_blk, chunk);  // to the first pair, if any
+    const Document& doc = item.doc;
+    fa2::BwdWork& work = item.work;
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
     fa2::BwdWork next = work;  // read an iteration ahead: its tile index comes from global memory
     fa2::advance(p, next, b, hk, n_blk, chunk);
