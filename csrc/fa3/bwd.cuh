@@ -46,8 +46,12 @@ struct BwdTraits {
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
   static constexpr int kDsBytes = kBlockN * kBlockM * sizeof(T);   // dS^T, one buffer
   static constexpr int kDqBytes = kBlockM * D * sizeof(float);     // dQ of a query tile, float32
-  // dQ's split between the consumers: each computes all BM rows of its half of D's columns, over all BN keys
-  static constexpr int kDqCols = D / 2;
+  // dQ's split between the consumers. At D = 128 each computes all BM rows of its half of D's columns, over all BN
+  // keys (wgmma n64). At D = 64 halves would be n32 wgmmas, which read 3 KB of shared memory (A and B) per 16 of
+  // the tensor cores' cycles where n64 reads 4 KB per 32: there the consumers take turns, one computing the whole
+  // tile's dQ.
+  static constexpr int kDqCols = D == 128 ? D / 2 : D;
+  static constexpr bool kDqTurns = kDqCols == D;
   // mbarriers: K and V's copies (full) and release (empty); per stage, its copies' and its release
   static constexpr int kBarriers = 6;
   // K, V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
@@ -219,7 +223,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   const uint64_t k_desc = descriptor(smem_addr(sK) + 64 * wg * 128);
   const uint64_t v_desc = descriptor(smem_addr(sV) + 64 * wg * 128);
   constexpr int kDqCols = Tr::kDqCols;
-  const int dq_col0 = kDqCols * wg;
+  const int dq_col0 = Tr::kDqTurns ? 0 : kDqCols * wg;
   const uint64_t ds_desc = descriptor(smem_addr(sdS0));  // dS^T's BM = 64 queries: one panel
   // K's columns [dq_col0, dq_col0 + kDqCols): their panel, and 2 bytes a column into its lines (the swizzle is
   // applied to the address, as for the K-major operands' 32-byte steps)
@@ -330,16 +334,19 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
         float dq[1][kDqCols / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
         const uint64_t ds = ds_desc + stage * Tr::kDsBytes / 16;
-        wgmma_fence();
+        const bool my_dq = !Tr::kDqTurns || it % 2 == wg;  // this consumer computes (its part of) the tile's dQ
+        if (my_dq) {
+          wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
-          wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
-        wgmma_commit();
+          for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
+            wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
+          wgmma_commit();
+        }
         dk_grads();
-        wgmma_wait<1>();  // dV's and dQ's
+        wgmma_wait<1>();  // dV's and dQ's (if this consumer computed it)
         pin<kDqCols / 8>(dq[0]);
         named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
-        store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
+        if (my_dq) store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
         fence_proxy_async();
         named_arrive(kDqStored, Tr::kDqThreads);
       }
