@@ -3,7 +3,7 @@
 //
 // `row_mask` folds everything that depends only on the query row (its position, causal limit, window bounds,
 // whether it is a global token) into a few integers once per row, so that testing a key is two or three
-// comparisons (`allowed`).
+// comparisons (`allowed`), or under the plain rule one bit of the row's `seen_keys`.
 #pragma once
 
 #include <climits>
@@ -54,6 +54,35 @@ __device__ __forceinline__ bool allowed(const MaskParams& m, const RowMask& r, i
                                                 (i / m.layout_bq) * m.layout_stride_q + j / m.layout_bk] != 0);
   }
   return ok;
+}
+
+// Bits n < 32 with a <= 8 n <= z: a thread's keys of a tile are 8 apart (the mma layouts' columns), from its first.
+// The shifts are arithmetic: (a + 7) >> 3 and z >> 3 are ceil(a / 8) and floor(z / 8) for any sign.
+__device__ __forceinline__ uint32_t strided_bits(int a, int z) {
+  const int n0 = max((a + 7) >> 3, 0), n1 = min(z >> 3, 31);
+  return n1 < n0 ? 0u : (0xffffffffu >> (31 - n1)) & (0xffffffffu << n0);
+}
+
+// The keys j + 8 n (n < 32) that row r sees under the plain rule (the window and the global keys; no dilation, no
+// block layout), as bit n: per key a partial tile then tests one bit instead of `allowed`'s three comparisons.
+__device__ __forceinline__ uint32_t seen_keys(const RowMask& r, int j) {
+  return strided_bits(r.lo - j, r.hi - j) | strided_bits(-j, r.global_end - 1 - j);
+}
+
+// The queries at key-axis positions pos0 + 8 n (n < 32) that see key j under the plain rule, as bit n: the
+// transposed tiles' test (the backward's S^T). Every condition of `row_mask` and `allowed` is an interval of the
+// query's position pos: it sees key j when pos < lk (a row of the document), j < lk, pos >= j if causal, and j is a
+// global key, or the query a global token (0 <= pos < global_tokens), or pos lies in the window
+// [j - right, j + left] (-1: unbounded).
+__device__ __forceinline__ uint32_t seen_queries(const MaskParams& m, int j, int pos0, int lk) {
+  constexpr int kFar = 1 << 30;  // an unbounded end
+  if (j >= lk) return 0u;
+  const uint32_t rows = strided_bits(m.causal ? j - pos0 : -kFar, lk - 1 - pos0);
+  if (j < m.global_tokens) return rows;
+  const uint32_t global_rows = strided_bits(-pos0, m.global_tokens - 1 - pos0);
+  const uint32_t window =
+      strided_bits(m.right < 0 ? -kFar : j - m.right - pos0, m.left < 0 ? kFar : j + m.left - pos0);
+  return rows & (global_rows | window);
 }
 
 }  // namespace legalpt

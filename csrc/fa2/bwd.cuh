@@ -95,6 +95,20 @@ template <bool kGeneral, int BM, typename Zero>
 __device__ __forceinline__ void mask_transposed(const Params& p, int q0, int key0, const Document& doc, int b, int h,
                                                 Zero zero) {
   const int lane = threadIdx.x % 32, j0 = key0 + lane / 4;  // the thread's keys: j0 and j0 + 8
+  if constexpr (!kGeneral) {  // the plain rule: one bit per score
+    static_assert(BM / 8 <= 32, "a thread's queries of a tile fit seen_queries' 32 bits");
+#pragma unroll
+    for (int ck = 0; ck < 2; ++ck)
+#pragma unroll
+      for (int cq = 0; cq < 2; ++cq) {
+        const int pos0 = q0 + 2 * (lane % 4) + cq + (doc.lk - doc.lq);  // the thread's first query, on the key axis
+        const uint32_t seen = seen_queries(p.mask, j0 + 8 * ck, pos0, doc.lk);
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+          if ((seen >> n & 1u) == 0) zero(n, 2 * ck + cq);
+      }
+    return;
+  }
 #pragma unroll
   for (int n = 0; n < BM / 8; ++n)
 #pragma unroll

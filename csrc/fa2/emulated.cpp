@@ -30,6 +30,37 @@ struct EmulatedLaunch {
 };
 
 }  // namespace
+
+// Scores on which the plain rule's bit masks (seen_keys for the forward's rows, seen_queries for the backward's
+// transposed tiles) disagree with `allowed`, for one document of lq queries and lk keys: every thread start (first
+// key, or first query) and its 32 strided neighbours, past the document's ends too.
+inline int64_t mask_bit_mismatches(int64_t lq, int64_t lk, bool causal, int64_t left, int64_t right,
+                                   int64_t global_tokens) {
+  MaskParams m{};
+  m.causal = causal;
+  m.left = static_cast<int>(left);
+  m.right = static_cast<int>(right);
+  m.global_tokens = static_cast<int>(global_tokens);
+  m.dilation = 1;
+  const int nq = static_cast<int>(lq), nk = static_cast<int>(lk);
+  int64_t wrong = 0;
+  for (int i = 0; i < nq + 16; ++i) {
+    const RowMask r = row_mask(m, i, nq, nk);
+    for (int j = 0; j < nk + 16; ++j) {
+      const uint32_t seen = seen_keys(r, j);
+      for (int n = 0; n < 32; ++n) wrong += ((seen >> n & 1u) != 0) != allowed<false>(m, r, i, j + 8 * n, 0, 0);
+    }
+  }
+  for (int j = 0; j < nk + 16; ++j)
+    for (int i = 0; i < nq + 16; ++i) {
+      const uint32_t seen = seen_queries(m, j, i + (nk - nq), nk);
+      for (int n = 0; n < 32; ++n) {
+        const RowMask r = row_mask(m, i + 8 * n, nq, nk);
+        wrong += ((seen >> n & 1u) != 0) != allowed<false>(m, r, i + 8 * n, j, 0, 0);
+      }
+    }
+  return wrong;
+}
 }  // namespace legalpt::fa2
 
 namespace legalpt::fa3 {
@@ -134,4 +165,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward_fa3", &host::forward<EmulatedLaunch, true>, "the Hopper forward (d64, d128), emulated on the CPU");
   m.def("backward_fa3", &host::backward<EmulatedLaunch, true>, "the Hopper backward (d64, d128), emulated");
   m.def("check_emulation", &legalpt::fa3::check_emulation, "runs one of the emulation's synchronization checks");
+  m.def("mask_bit_mismatches", &legalpt::fa2::mask_bit_mismatches, "the plain rule's bit masks against `allowed`");
 }

@@ -33,6 +33,7 @@ struct FwdTraits {
 template <bool kGeneral, int R, int BN>
 __device__ __forceinline__ void mask_tile(const Params& p, float (&s)[R][BN / 8][4], int i0, int j0,
                                           const Document& doc, int b, int h) {
+  static_assert(BN / 8 <= 32, "a thread's keys of a tile fit seen_keys' 32 bits");
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -40,10 +41,14 @@ __device__ __forceinline__ void mask_tile(const Params& p, float (&s)[R][BN / 8]
       const int i = i0 + 16 * r + 8 * half;
       const RowMask rm = row_mask(p.mask, i, doc.lq, doc.lk);
 #pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
+      for (int c = 0; c < 2; ++c) {
+        const uint32_t seen = kGeneral ? 0u : seen_keys(rm, j0 + c);  // the plain rule: one bit per key
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
-          if (!allowed<kGeneral>(p.mask, rm, i, j0 + 8 * n + c, b, h)) s[r][n][2 * half + c] = -INFINITY;
+        for (int n = 0; n < BN / 8; ++n) {
+          const bool ok = kGeneral ? allowed<kGeneral>(p.mask, rm, i, j0 + 8 * n + c, b, h) : (seen >> n & 1u) != 0;
+          if (!ok) s[r][n][2 * half + c] = -INFINITY;
+        }
+      }
     }
 }
 

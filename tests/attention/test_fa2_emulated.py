@@ -236,6 +236,23 @@ def test_emulation_synchronizes_as_the_hardware():
         ext.check_emulation("named_barrier_arrived_twice")
 
 
+def test_plain_mask_bits_follow_the_element_rule():
+    """The partial tiles' one-bit tests (csrc/common/mask.cuh: seen_keys in the forward, seen_queries in the
+    backward's transposed tiles) against the per-key rule `allowed`, over causal and not, windows bounded and not
+    on each side, global tokens, unequal lengths and rows or keys past the document."""
+    ext = kernels.fa2_emulated(64)
+    configs = [
+        (lq, lk, causal, left, right, global_tokens)
+        for lq, lk in ((1, 1), (37, 100), (100, 37), (130, 130))
+        for causal in (False, True)
+        for left in (-1, 0, 5, 40)
+        for right in (-1, 0, 9)
+        for global_tokens in (0, 1, 16)
+    ]
+    wrong = {c: ext.mask_bit_mismatches(*c) for c in configs}
+    assert {c: n for c, n in wrong.items() if n} == {}
+
+
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 def test_emulated_gradients_contiguous_for_permuted_inputs(backend: str, rng):
     """Dense inputs in another order of dimensions ((B, H, S, D) transposed) reach the kernels as they are; their
