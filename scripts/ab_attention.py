@@ -74,10 +74,11 @@ def checkout(sha: str, tree: Path) -> None:
 
 
 def environment(tree: Path, work: Path, label: str) -> dict[str, str]:
-    """The tree's legalpt first on the path, and a kernel cache of its own (by label: an export and a worktree of
-    one commit share it)."""
+    """The tree's legalpt first on the path, a kernel cache of its own (by label: an export and a worktree of one
+    commit share it), and the records' note that they measured this tree, not the checkout's commit."""
     path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, PYTHONPATH=path, LEGALPT_KERNEL_CACHE=str(work / "cache" / label))
+    code = f"code of {label} (scripts/ab_attention.py)"
+    return dict(os.environ, PYTHONPATH=path, LEGALPT_KERNEL_CACHE=str(work / "cache" / label), LEGALPT_BENCH_CODE=code)
 
 
 def head_dims(bench_args: list[str]) -> tuple[int, ...]:

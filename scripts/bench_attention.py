@@ -506,6 +506,9 @@ def write_record(path: Path, old: dict | None, rows: list[dict], head: dict) -> 
     return rows, table
 
 
+CODE_ENV = "LEGALPT_BENCH_CODE"  # the header's note of the measured code, where it is not the checkout's commit
+
+
 def header(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
     cuda = device.type == "cuda"
     return {
@@ -522,6 +525,8 @@ def header(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -
         "modes": list(args.modes),
         "quick": args.quick,
         "timing": "triton do_bench median, warmup 50 ms, rep 200 ms" if cuda else f"median of {args.cpu_reps} runs",
+        # where the measured legalpt is not the checkout's commit (an A/B's tree: scripts/ab_attention.py says which)
+        **({"code": os.environ[CODE_ENV]} if os.environ.get(CODE_ENV) else {}),
     }
 
 

@@ -1,6 +1,7 @@
 """scripts/ab_attention.py as a CPU dry run: one commit twice (exported, and as a worktree), and its argument checks."""
 
 import importlib.util
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,6 +39,8 @@ def test_one_commit_twice_as_export_and_worktree(ab, tmp_path, capsys):
     runs = sorted((tmp_path / "work" / "runs").iterdir())
     assert [r.name for r in runs] == [f"0-{exported.name}", f"1-{exported.name}"]  # the export is named by its sha
     assert all(len(list(r.glob("attention-*.json"))) == 1 for r in runs)
+    codes = [json.loads(next(r.glob("attention-*.json")).read_text())["header"]["code"] for r in runs]
+    assert codes == [f"code of {exported.name} (scripts/ab_attention.py)"] * 2  # not the checkout's commit
     table = capsys.readouterr().out.split("ratios: the first commit's ms over each one's")[1]
     rows = [line for line in table.splitlines() if line.startswith("reference")]
     assert len(rows) == 3 and all("(1.000x)" in row for row in rows)  # the first run against itself
