@@ -7,8 +7,8 @@
 //   halves plain_prob and plain_grad)
 //   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register A operands, dO and Q N-major from shared memory)
 //   dQ = dS K: dS^T goes through shared memory (M-major A)
-// Each consumer computes the tile's dQ for half of D's columns over all 128 keys (both consumers' dS^T: one
-// barrier). The order keeps the tensor cores fed: P^T once S^T is done (dP^T still running), dV's MMAs issued,
+// dQ needs both consumers' dS^T (one barrier): at D = 128 each consumer computes half of D's columns over all 128
+// keys, at D = 64 they take turns at the whole tile (BwdTraits::kDqCols). The order keeps the tensor cores fed: P^T once S^T is done (dP^T still running), dV's MMAs issued,
 // dS^T beside them, then dQ's MMAs before dK's, so that dQ's store to shared memory runs beside dK's MMAs (the
 // general kernels, whose softcap needs the raw score beside dP^T, wait for both first).
 //
