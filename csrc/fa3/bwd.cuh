@@ -8,9 +8,10 @@
 //   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register A operands, dO and Q N-major from shared memory)
 //   dQ = dS K: dS^T goes through shared memory (M-major A)
 // dQ needs both consumers' dS^T (one barrier): at D = 128 each consumer computes half of D's columns over all 128
-// keys, at D = 64 they take turns at the whole tile (BwdTraits::kDqCols). The order keeps the tensor cores fed: P^T once S^T is done (dP^T still running), dV's MMAs issued,
-// dS^T beside them, then dQ's MMAs before dK's, so that dQ's store to shared memory runs beside dK's MMAs (the
-// general kernels, whose softcap needs the raw score beside dP^T, wait for both first).
+// keys, at D = 64 they take turns at the whole tile (BwdTraits::kDqCols). The order keeps the tensor cores fed: P^T
+// once S^T is done (dP^T still running), dV's MMAs issued, dS^T beside them, then dQ's MMAs before dK's, so that
+// dQ's store to shared memory runs beside dK's MMAs (the general kernels, whose softcap needs the raw score beside
+// dP^T, wait for both first).
 //
 // Warp-specialized as the forward (fwd.cuh): a producer warpgroup copies, two consumer warpgroups compute. The
 // producer's first thread brings K and V once and each query tile's Q and dO by TMA (tma.cuh), its second warp the
