@@ -28,6 +28,14 @@ several calls and gather the parts in one record with --merge (the record of the
     python scripts/bench_attention.py --masks causal --merge          # one part of a split run
     python scripts/bench_attention.py --quick --kernel-times 10       # and each kernel's time per run (profiler)
     python scripts/bench_attention.py --device cpu --out /tmp/bench   # dry run: reference and flex, tiny shapes
+
+With --ncu-runs N the selected shapes' implementations and modes only run N times each, untimed and unrecorded: the
+program that Nsight Compute wraps, on the benchmark's own shapes and inputs, e.g. the stall reasons of one kernel:
+
+    ncu --clock-control none -k bwd_kernel --launch-skip 2 --launch-count 1 --section WarpStateStats \
+        --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
+        python scripts/bench_attention.py --head-dims 64 --masks window-1024 --seqlens 65536 --impls fa3 \
+        --modes fwd+bwd --ncu-runs 3
 """
 
 from __future__ import annotations
@@ -550,6 +558,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--kernel-times", type=int, default=0, metavar="STEPS",
         help="also profile STEPS runs per row: microseconds per run of each kernel, in the row's kernels_us",
     )  # fmt: skip
+    parser.add_argument(
+        "--ncu-runs", type=int, default=0, metavar="N",
+        help="only run each selected shape, implementation and mode N times, untimed, for ncu (no record)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder of the record and plot")
     args = parser.parse_args(argv)
     known = ("fa2", "fa3", "sdpa-flash", "sdpa-cudnn", "flex", "reference")
@@ -560,11 +572,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.modes = tuple(args.modes or (("fwd", "fwd+bwd") if args.quick else MODES))
     if args.cpu_reps < 1:
         parser.error(f"--cpu-reps must be >= 1; got {args.cpu_reps}")
+    if args.ncu_runs < 0:
+        parser.error(f"--ncu-runs must be >= 0 (0: measure as usual); got {args.ncu_runs}")
     if args.kernel_times < 0:
         parser.error(f"--kernel-times must be >= 0 (0: no profile); got {args.kernel_times}")
     if not cpu and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA GPU here (use --device cpu for a dry run)")
     return args
+
+
+def run_for_profiler(shapes: list[Shape], args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> int:
+    """--ncu-runs: every selected (shape, implementation, mode) step run that many times, in that order."""
+    for shape in shapes:
+        x = make_inputs(shape, dtype, device)
+        for impl in args.impls:
+            run = impl_runner(impl, x)
+            for mode in args.modes:
+                if skip := run if isinstance(run, str) else mode_skip(impl, mode, device):
+                    print(f"{impl} {mode} {shape.mask} d={shape.head_dim} S={shape.seqlen}: skipped, {skip}")
+                    continue
+                step = mode_step(mode, run, x)
+                for _ in range(args.ncu_runs):
+                    step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                print(f"{impl} {mode} {shape.mask} d={shape.head_dim} S={shape.seqlen}: ran {args.ncu_runs} times")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -579,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             f"--masks {args.masks} --head-dims {args.head_dims} --seqlens {args.seqlens}: no shape matches"
         )
+    if args.ncu_runs:
+        return run_for_profiler(shapes, args, device, dtype)
     if device.type == "cpu":
         print("--device cpu: no peak-memory shapes (they need CUDA memory statistics)")
         torch.set_num_threads(1)  # a dry run on shared cores: several threads mostly wait for each other there

@@ -42,6 +42,25 @@ def test_kernel_times_name_what_each_row_ran(bench, tmp_path):
         assert all(t > 0 for t in times)
 
 
+def test_ncu_runs_only_run_each_step(bench, tmp_path, monkeypatch, capsys):
+    """--ncu-runs N: each selected step runs N times for a profiler that wraps the process, and nothing is timed or
+    recorded."""
+    runs = []
+    step_of = bench.mode_step
+
+    def counted(mode, run, x):
+        step = step_of(mode, run, x)
+        return lambda: (runs.append((mode, x.shape.seqlen)), step())
+
+    monkeypatch.setattr(bench, "mode_step", counted)
+    monkeypatch.setattr(bench, "median_ms", lambda *a: pytest.fail("--ncu-runs timed a step"))
+    assert bench.main([*ARGS, "--ncu-runs", "3", "--out", str(tmp_path)]) == 0
+    seqlens = list(bench.CPU_SCALE.seqlens)
+    assert runs == [("fwd", s) for s in seqlens for _ in range(3)]
+    assert not list(tmp_path.iterdir())
+    assert capsys.readouterr().out.count("ran 3 times") == len(seqlens)
+
+
 def test_a_run_cut_off_keeps_the_shapes_it_measured(bench, tmp_path, monkeypatch):
     measure = bench.bench_shape
 
