@@ -256,7 +256,15 @@ def _flex(x: Inputs) -> Runner:
     return lambda: flex.attention(q, k, v, *args)[0]
 
 
-def mode_skip(impl: str, mode: str, device: torch.device) -> str | None:
+def shape_modes(shape: Shape, args: argparse.Namespace) -> tuple[str, ...]:
+    """The modes a shape runs in: the memory shapes fwd+bwd alone."""
+    return ("fwd+bwd",) if shape.group == "memory" else args.modes
+
+
+def step_skip(impl: str, run: Runner | str, mode: str, device: torch.device) -> str | None:
+    """Why an implementation's step does not run: its runner's reason (a string), or its mode's."""
+    if isinstance(run, str):
+        return run
     if impl == "flex" and mode != "fwd" and device.type != "cuda":
         return "FlexAttention has no backward on the CPU"
     return None
@@ -339,13 +347,11 @@ def bench_shape(shape: Shape, args: argparse.Namespace, device: torch.device, dt
     }  # fmt: skip
     runners = {impl: impl_runner(impl, x) for impl in args.impls}
     checks = check_outputs(runners)
-    modes = ("fwd+bwd",) if shape.group == "memory" else args.modes
     rows = []
     for impl, run in runners.items():
-        for mode in modes:
+        for mode in shape_modes(shape, args):
             row = {"impl": impl, "mode": mode, **base, "ms": None, "tflops": None, "peak_mib": None}
-            skip = run if isinstance(run, str) else mode_skip(impl, mode, device)
-            if skip:
+            if skip := step_skip(impl, run, mode, device):
                 row["skipped"] = skip
             elif isinstance(checks[impl], str):
                 row["error"] = checks[impl]
@@ -587,16 +593,17 @@ def run_for_profiler(shapes: list[Shape], args: argparse.Namespace, device: torc
         x = make_inputs(shape, dtype, device)
         for impl in args.impls:
             run = impl_runner(impl, x)
-            for mode in args.modes:
-                if skip := run if isinstance(run, str) else mode_skip(impl, mode, device):
-                    print(f"{impl} {mode} {shape.mask} d={shape.head_dim} S={shape.seqlen}: skipped, {skip}")
+            for mode in shape_modes(shape, args):
+                what = f"{impl} {mode} {shape.mask} d={shape.head_dim} S={shape.seqlen}"
+                if skip := step_skip(impl, run, mode, device):
+                    print(f"{what}: skipped, {skip}")
                     continue
                 step = mode_step(mode, run, x)
                 for _ in range(args.ncu_runs):
                     step()
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-                print(f"{impl} {mode} {shape.mask} d={shape.head_dim} S={shape.seqlen}: ran {args.ncu_runs} times")
+                print(f"{what}: ran {args.ncu_runs} times")
     return 0
 
 
