@@ -7,8 +7,8 @@
 // the tensor cores still run P V: FA3's overlap inside a warpgroup. Between the two consumers, ping-pong: each issues
 // its MMAs only in its turn, which the other hands over after issuing its own, so that one's softmax runs beside the
 // other's MMAs. The element rule, the schedule of visited tiles and the output are the FA2 forward's
-// (csrc/fa2/fwd.cuh), and so is the online softmax, reordered around the wait for P V (its max and P first, O's
-// rescale after).
+// (csrc/fa2/fwd.cuh), and so is the online softmax, reordered around the wait for P V (its max and P first; O's
+// rescale and P's fragments after, once P V(t - 1) is done, just before the next MMAs).
 //
 // K and V have two buffers each, each buffer a pair of mbarriers: full (the copy landed) and empty (every consumer
 // warp is done with it), so the producer runs ahead of the consumers by up to two tiles and the consumers never wait
@@ -67,19 +67,17 @@ __device__ __forceinline__ FwdItem fwd_item(const FwdArgs& a, int i) {
   return {a.m_tiles - 1 - i % a.m_tiles, rest % a.documents, rest / a.documents};
 }
 
-// Tile t's scores s (a warpgroup's 64 rows x BN keys, raw) to P, as in the FA2 forward: the element rule, the new
-// running max, P = exp2(logit - max) and the row sums. Then, once P V of the previous tile is done (`in_flight`), O is
-// rescaled if a row of the warp moved its max, and P becomes the A fragments of the next P V.
-template <typename T, int D, int BN, bool kGeneral>
-__device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 8][4], float (&o)[D / 8][4],
-                                               uint32_t (&pa)[BN / 16][4], float (&row_max)[2], float (&row_sum)[2],
-                                               int t, const Visits& vis, int i0, const Document& doc, int b, int h,
-                                               bool in_flight) {
+// Tile t's scores s (a warpgroup's 64 rows x BN keys, raw) to P in place, as in the FA2 forward: the element rule,
+// the new running max, P = exp2(logit - max) and the row sums. O is rescaled later (`rescale`), once the P V that
+// reads it is done: `correction` holds the factors and `move` whether a row of this thread moved its max.
+template <int BN, bool kGeneral>
+__device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 8][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&correction)[2], bool& move, int t,
+                                               const Visits& vis, int i0, const Document& doc, int b, int h) {
   const int lane = threadIdx.x % 32;
   float(&s3)[1][BN / 8][4] = reinterpret_cast<float(&)[1][BN / 8][4]>(s);
   fa2::logits<kGeneral, 1, BN>(p, s3, t < vis.partial, i0, vis.tiles[t] * BN + 2 * (lane % 4), doc, b, h);
-  float correction[2];
-  bool move = false;
+  move = false;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const float m = fmaxf(row_max[half], fa2::tile_row_max<kGeneral, BN>(p, s, half));
@@ -88,17 +86,17 @@ __device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 
     row_max[half] = m;
     row_sum[half] = row_sum[half] * correction[half] + fa2::exp_row<kGeneral, BN>(p, s, half, m);
   }
-  if (in_flight) {
-    wgmma_wait<0>();  // P V of the previous tile is done: O may be rescaled and P's fragments rewritten
-    pin<D / 8>(o);
-    if (__any_sync(0xffffffffu, move)) {
+}
+
+// O by the factors of the latest softmax, skipped when no row of the warp moved its max (a uniform branch)
+template <int D>
+__device__ __forceinline__ void rescale(float (&o)[D / 8][4], const float (&correction)[2], bool move) {
+  if (__any_sync(0xffffffffu, move)) {
 #pragma unroll
-      for (int d = 0; d < D / 8; ++d)
+    for (int d = 0; d < D / 8; ++d)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) o[d][c] *= correction[c / 2];
-    }
+      for (int c = 0; c < 4; ++c) o[d][c] *= correction[c / 2];
   }
-  to_fragments<T, BN>(s, pa);
 }
 
 // kGeneral: as in the FA2 forward (softcap, dilation, block layout, scales <= 0).
@@ -211,6 +209,19 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       wgmma_commit();
     };
 
+    float correction[2];  // the latest softmax's O factors, applied once the P V before it is done
+    bool move;
+    // P(t) into the A fragments of O += P(t) V(t), once P V(t - 1), which reads them, is done; O rescaled first.
+    // This runs after the next copies' waits, not at the end of the softmax: ptxas hoists a wgmma wait to the start
+    // of its basic block, and there it kept the softmax from overlapping P V(t - 1).
+    const auto prepare_pv = [&](int t) {
+      wgmma_wait<0>();
+      pin<D / 8>(o);
+      if (t > 0) release(false, t - 1);
+      rescale<D>(o, correction, move);
+      to_fragments<T, BN>(s, pa);
+    };
+
     if (vis.count > 0) {
       if (wg == 1) your_turn();  // consumer 0 goes first
       mbar_wait(q_full, nq % 2);
@@ -222,11 +233,12 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       wgmma_wait<0>();
       release(true, 0);
       pin<BN / 8>(s);
-      online_softmax<T, D, BN, kGeneral>(p, s, o, pa, row_max, row_sum, 0, vis, i0, doc, b, h, false);
+      online_softmax<BN, kGeneral>(p, s, row_max, row_sum, correction, move, 0, vis, i0, doc, b, h);
     }
     for (int t = 1; t < vis.count; ++t) {
       landed(true, t);
       landed(false, t - 1);
+      prepare_pv(t - 1);
       pin<D / 8>(o);
       my_turn();
       wgmma_fence();
@@ -236,12 +248,12 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       wgmma_wait<1>();  // S(t) is done; P V of the previous tile may still run
       release(true, t);
       pin<BN / 8>(s);
-      online_softmax<T, D, BN, kGeneral>(p, s, o, pa, row_max, row_sum, t, vis, i0, doc, b, h, true);
-      release(false, t - 1);  // the softmax waited for P V(t - 1)
+      online_softmax<BN, kGeneral>(p, s, row_max, row_sum, correction, move, t, vis, i0, doc, b, h);
     }
     if (vis.count > 0) {
       if (lane == 0) mbar_arrive(q_empty);  // every S is done: the next item's Q may come
       landed(false, vis.count - 1);
+      prepare_pv(vis.count - 1);
       pin<D / 8>(o);
       my_turn();
       wgmma_fence();
