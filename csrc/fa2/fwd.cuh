@@ -85,28 +85,45 @@ __device__ __forceinline__ void logits(const Params& p, float (&s)[R][BN / 8][4]
   if (partial) mask_tile<kGeneral, R, BN>(p, s, i0, j0, doc, b, h);
 }
 
+// v[0] = op over v[0..N) for N a power of two, as a tree: log2(N) dependent steps instead of N - 1, since a warp's
+// softmax is a few long dependency chains with little else to hide them (the fa3 forward at d64, ncu: 5.3 cycles
+// per instruction). A step of width W folds v[W..2W) into v[0..W); recursion, not a loop, so that every index is a
+// constant and v stays in registers (nvcc left an inner loop over a varying width rolled, v in local memory).
+template <int W, int N, typename Op>
+__device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
+  static_assert(2 * W <= N, "a step folds v[W..2W)");
+  if constexpr (W == 0) {
+    return v[0];
+  } else {
+#pragma unroll
+    for (int n = 0; n < W; ++n) v[n] = op(v[n], v[n + W]);
+    return tree_reduce<W / 2>(v, op);
+  }
+}
+
 // The log2-domain max over a tile of half-row `half` of a thread's m16 row tile (row lane / 4 + 8 half; raw scores
 // as `logits` leaves them), across its quad.
 template <bool kGeneral, int BN>
 __device__ __forceinline__ float tile_row_max(const Params& p, const float (&s)[BN / 8][4], int half) {
-  float m = -INFINITY;
+  float m[BN / 8];
 #pragma unroll
-  for (int n = 0; n < BN / 8; ++n) m = fmaxf(m, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
-  return quad_max(m) * to_log2<kGeneral>(p);  // -inf stays -inf: to_log2 > 0
+  for (int n = 0; n < BN / 8; ++n) m[n] = fmaxf(s[n][2 * half], s[n][2 * half + 1]);
+  const float mine = tree_reduce<BN / 16>(m, [](float x, float y) { return fmaxf(x, y); });
+  return quad_max(mine) * to_log2<kGeneral>(p);  // -inf stays -inf: to_log2 > 0
 }
 
 // P = exp2(logit - m) in place for that half-row, m its running max; returns this thread's part of P's row sum.
 template <bool kGeneral, int BN>
 __device__ __forceinline__ float exp_row(const Params& p, float (&s)[BN / 8][4], int half, float m) {
   const float m_safe = m == -INFINITY ? 0.f : m;  // a row that has seen nothing yet keeps p = exp2(-inf) = 0
-  float sum = 0.f;
+  float sum[BN / 8];
 #pragma unroll
   for (int n = 0; n < BN / 8; ++n) {
     s[n][2 * half] = exp2f(fmaf(s[n][2 * half], to_log2<kGeneral>(p), -m_safe));
     s[n][2 * half + 1] = exp2f(fmaf(s[n][2 * half + 1], to_log2<kGeneral>(p), -m_safe));
-    sum += s[n][2 * half] + s[n][2 * half + 1];
+    sum[n] = s[n][2 * half] + s[n][2 * half + 1];
   }
-  return sum;
+  return tree_reduce<BN / 16>(sum, [](float x, float y) { return x + y; });
 }
 
 // The normalization of a thread's two rows of an m16 row tile (i0 and i0 + 8 within the document): 1 / their sums,
