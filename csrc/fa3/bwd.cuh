@@ -53,6 +53,10 @@ struct BwdTraits {
   // tile's dQ.
   static constexpr int kDqCols = D == 128 ? D / 2 : D;
   static constexpr bool kDqTurns = kDqCols == D;
+  // A query tile's logsumexp and delta (16 of each per thread) read from shared memory into registers while S^T and
+  // dP^T are computed, not after the waits, where their latency was the first P^T's and dS^T's (ncu at d64). At
+  // D = 128, where dK and dV take 64 x 128 each, those 32 registers spill.
+  static constexpr bool kStatsEarly = D == 64;
   // mbarriers: K and V's copies (full) and release (empty); per stage, its copies' and its release
   static constexpr int kBarriers = 6;
   // K, V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
@@ -275,6 +279,20 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       const float* delta = sDelta0 + stage * BM;
       auto query = [&](int n, int c) { return 8 * n + 2 * (lane % 4) + c % 2; };  // the query of st[n][c] in the tile
       const bool partial = work.t < work.vis.partial;
+      // The pair after next: its tile index comes from global memory, read while the MMAs run (ptxas moves it to
+      // a uniform register at once, which waits for the load)
+      fa2::BwdWork after = next;
+      fa2::advance(p, after, b, hk, n_blk, chunk);
+      // The thread's queries' logsumexp and delta (BwdTraits::kStatsEarly)
+      float lse_q[BM / 8][2], delta_q[BM / 8][2];
+      if constexpr (Tr::kStatsEarly) {
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) lse_q[n][c] = lse[query(n, c)], delta_q[n][c] = delta[query(n, c)];
+      }
+      const auto lse_of = [&](int n, int c) { return Tr::kStatsEarly ? lse_q[n][c % 2] : lse[query(n, c)]; };
+      const auto delta_of = [&](int n, int c) { return Tr::kStatsEarly ? delta_q[n][c % 2] : delta[query(n, c)]; };
       uint32_t pa[BM / 16][4], dsa[BM / 16][4];  // P^T and dS^T as A fragments, 16 queries each
       if constexpr (kGeneral) {  // softcap's dS needs the raw score beside dP^T: both first
         wgmma_wait<0>();
@@ -284,7 +302,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse[query(n, c)], delta[query(n, c)]);
+            fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse_of(n, c), delta_of(n, c));
           }
         if (partial) {
           fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
@@ -296,7 +314,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
 #pragma unroll
         for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse[query(n, c)]);
+          for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse_of(n, c));
         if (partial) {
           fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
                                              [&](int n, int c) { st[n][c] = 0.f; });
@@ -315,7 +333,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
 #pragma unroll
         for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta[query(n, c)]);
+          for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta_of(n, c));
       }
       to_fragments<T, BM>(dpt, dsa);
 
@@ -356,7 +374,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       pin<D / 8>(dv[0]);
       if (lane == 0) mbar_arrive(q_empty + stage);  // the warp is done with the stage
       work = next;
-      fa2::advance(p, next, b, hk, n_blk, chunk);
+      next = after;
     }
     if (lane == 0) mbar_arrive(kv_empty);  // the warp's MMAs are done with K and V: the next item's may come
     ++n;
