@@ -47,10 +47,6 @@ struct BwdTraits {
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
   static constexpr int kDsBytes = kBlockN * kBlockM * sizeof(T);   // dS^T, one buffer
   static constexpr int kDqBytes = kBlockM * D * sizeof(float);     // dQ of a query tile, float32
-  // dQ buffers: with two, the consumers store a tile's dQ while the reduction of the one before still reads its
-  // buffer (ncu at d64: 6% of the consumers' time waited for the dQ warp's `bulk_wait_read`). At D = 128 a second
-  // 32 KB buffer does not fit beside the rest.
-  static constexpr int kDqStages = D == 64 ? 2 : 1;
   // dQ's split between the consumers. At D = 128 each computes all BM rows of its half of D's columns, over all BN
   // keys (wgmma n64). At D = 64 halves would be n32 wgmmas, which read 3 KB of shared memory (A and B) per 16 of
   // the tensor cores' cycles where n64 reads 4 KB per 32: there the consumers take turns, one computing the whole
@@ -63,10 +59,10 @@ struct BwdTraits {
   static constexpr bool kStatsEarly = D == 64;
   // mbarriers: K and V's copies (full) and release (empty); per stage, its copies' and its release
   static constexpr int kBarriers = 6;
-  // K, V; Q and dO twice; dS^T twice; dQ (kDqStages); logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
+  // K, V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
   // swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next item's Q and dO
   // may land in the query stages meanwhile.
-  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqStages * kDqBytes +
+  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
                                4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
 };
@@ -111,33 +107,27 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
 }
 
 // The dQ warp of the backward's producer, for one item: per visited query tile, once the consumers have stored its
-// dQ (BM x D, float32) in its sdQ buffer (the block's tile count `it` % kDqStages, as the consumers count), lane 0
-// adds it into dq_accum by TMA reductions (64-row by 32-column boxes); a buffer is freed for the tile after next
-// (the next one with one buffer) once its reduction has read it. Rows past a varlen document's end add zeros to the
-// next document's (their P is masked to 0). At the item's end, every reduction having read its buffer, the warp
-// meets the consumers at kDqFree once more (a sync, so that it never arrives a phase ahead): sdQ then carries the
-// item's dV out.
+// dQ (BM x D, float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees
+// sdQ once they have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked
+// to 0). At the item's end the warp meets the consumers at kDqFree once more (a sync, so that it never arrives a
+// phase ahead): sdQ then carries the item's dV out.
 template <typename Tr>
-__device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ, int& it,
+__device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
                                              const Document& doc, int b, int batch, int hk, int n_blk, int chunk) {
   constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
   const Params& p = a.p;
-  for (bool first = true; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk), ++it, first = false) {
-    if (!first && threadIdx.x % 32 == 0) bulk_wait_read<Tr::kDqStages - 1>();  // the tile's buffer has been read
-    __syncwarp();
+  for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk)) {
     named_arrive(kDqFree, Tr::kDqThreads);
     named_sync(kDqStored, Tr::kDqThreads);
     if (threadIdx.x % 32 == 0) {
       const int h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
-      const unsigned char* tile = sdQ + it % Tr::kDqStages * Tr::kDqBytes;
 #pragma unroll
-      for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, tile + c * BM * 128, 32 * c, h, row, batch);
+      for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128, 32 * c, h, row, batch);
       bulk_commit();
+      bulk_wait_read<0>();  // the reductions have read sdQ
     }
     __syncwarp();
   }
-  if (threadIdx.x % 32 == 0) bulk_wait_read<0>();  // every reduction has read its buffer
-  __syncwarp();
   named_sync(kDqFree, Tr::kDqThreads);
 }
 
@@ -154,8 +144,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   unsigned char* sQ0 = sV + Tr::kKeyTileBytes;                     // 2 x (BM, D)
   unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
   unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T; an item's dK at its end
-  unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;  // kDqStages x (BM, D) float32, swizzled; an item's dV
-  float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqStages * Tr::kDqBytes);  // 2 x (BM) log2 domain
+  unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled; an item's dV
+  float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);       // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
   uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
   uint64_t *kv_full = bars, *kv_empty = bars + 1, *q_full = bars + 2, *q_empty = bars + 4;  // q_: per stage
@@ -187,7 +177,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       const Document& doc = item.doc;
       fa2::BwdWork& work = item.work;
       if (warp == 2) {
-        add_dq_tiles<Tr>(a, work, sdQ, it, doc, b, batch, hk, n_blk, chunk);
+        add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk);
         continue;
       }
       if (warp == 0) {  // K and V once the last item's MMAs are done with them
@@ -374,11 +364,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         dk_grads();
         wgmma_wait<1>();  // dV's and dQ's (if this consumer computed it)
         pin<kDqCols / 8>(dq[0]);
-        named_sync(kDqFree, Tr::kDqThreads);  // the reduction that last read this tile's buffer is done with it
-        if (my_dq) {
-          store_swizzled_f32<BM, kDqCols>(sdQ + it % Tr::kDqStages * Tr::kDqBytes, dq[0], 16 * (threadIdx.x / 32 % 4),
-                                          dq_col0);
-        }
+        named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
+        if (my_dq) store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
         fence_proxy_async();
         named_arrive(kDqStored, Tr::kDqThreads);
       }
