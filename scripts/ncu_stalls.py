@@ -1,7 +1,14 @@
 """Where a kernel's warps stall, per SASS instruction and per stretch of code, from Nsight Compute's PC sampling.
 
 Reads the table `ncu -i REPORT --page source --csv --print-source sass` writes for a report taken with
-`--section SourceCounters` (bench_attention.py's docstring has the collection command). Prints the kernel's stall
+`--section SourceCounters`, e.g. of the d64 backward at the window (on the GPU machine):
+
+    ncu --clock-control none -k bwd_kernel --launch-skip 2 --launch-count 1 --section SourceCounters -o bwd \
+        python scripts/bench_attention.py --head-dims 64 --masks window-1024 --seqlens 65536 --impls fa3 \
+        --modes fwd+bwd --ncu-runs 3
+    ncu -i bwd.ncu-rep --page source --csv --print-source sass > bwd-sass.csv
+
+Prints the kernel's stall
 reasons over all its samples, the instructions with the most samples, and the code cut into stretches that end at
 each MMA, wait, barrier or branch, with their share of the samples and how often they ran (`Instructions Executed`,
 per warp). The stretches show which phase of a loop the time goes to, since a stall is sampled on the instruction
