@@ -13,7 +13,7 @@ import pytest
 import test_fa2 as base
 import torch
 
-from legalpt.attention import kernels
+from legalpt.attention import flash_attn_func, flash_attn_varlen_func, kernels
 
 pytestmark = pytest.mark.cuda
 
@@ -76,3 +76,33 @@ def test_rescale_when_the_max_moves(head_dim: int, mask: str, seqlens: tuple, dt
 @pytest.mark.parametrize("scale", [-0.125, 0.0])
 def test_softmax_scale_of_any_sign(head_dim: int, scale: float):
     base.test_softmax_scale_of_any_sign(head_dim, scale)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("varlen", [False, True], ids=["window", "varlen-window"])
+def test_dq_first_parts_at_scale(head_dim: int, varlen: bool, rng):
+    """The backward stores each query tile's first dQ part into unzeroed memory and adds the others once it is
+    there (csrc/fa3/bwd.cuh, add_dq_tiles): here hundreds of blocks race for the same tiles at once (a window at
+    16k tokens, in varlen documents whose last tiles reach into the next one) over memory poisoned with NaN, and dq
+    must match the deterministic pass's (fa2's dQ kernel, which sums in a fixed order) in every one of 5 runs."""
+    lens = [rng.randint(1, 3000) for _ in range(12)] if varlen else [16384]
+    total, heads = sum(lens), 8
+    q, k, v = base._qkv((total, heads, head_dim), (total, heads // 2, head_dim), torch.bfloat16)
+    kw = {"causal": True, "window_size": (700, 0)}
+
+    def dq(deterministic: bool) -> torch.Tensor:
+        if varlen:
+            cu, longest = base._cu(lens), max(lens)
+            args = (q, k, v, cu, cu, longest, longest)
+            out = flash_attn_varlen_func(*args, **kw, deterministic=deterministic, backend="fa3")
+        else:
+            out = flash_attn_func(q[None], k[None], v[None], **kw, deterministic=deterministic, backend="fa3")
+        return torch.autograd.grad(out, q, grad.view_as(out))[0]
+
+    grad = torch.randn((total, heads, head_dim), dtype=torch.bfloat16, device=q.device)
+    reference = dq(deterministic=True).float()
+    tolerance = 1e-2 * reference.abs().max().item()
+    for _ in range(5):
+        base._poison()
+        error = (dq(deterministic=False).float() - reference).abs().max().item()
+        assert error <= tolerance, f"dq differs from the deterministic pass's by {error} (at most {tolerance})"
