@@ -42,9 +42,8 @@ struct BwdTraits {
   static constexpr int kBlockN = 128;  // keys per block: 64 per consumer, the M of every wgmma
   static constexpr int kThreads = 384;  // the producer warpgroup, then two consumers
   static constexpr int kConsumerThreads = 256;
-  // Registers per thread: 32 for the producer, whose dQ warp keeps its claim words (24, the forward's, spills there),
-  // 240 for the consumers: 128 x 32 + 256 x 240 = 65 536, the SM's
-  static constexpr int kProducerRegisters = 32, kConsumerRegisters = 240;
+  static constexpr int kProducerRegisters = FwdTraits<T, D>::kProducerRegisters;  // the forward's split
+  static constexpr int kConsumerRegisters = FwdTraits<T, D>::kConsumerRegisters;
   static constexpr int kKeyTileBytes = kBlockN * D * sizeof(T);    // K or V
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
   static constexpr int kDsBytes = kBlockN * kBlockM * sizeof(T);   // dS^T, one buffer
@@ -115,12 +114,13 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
 // Set in a query tile's claim word once the first part of its dQ is in dq_accum.
 constexpr int kDqReady = 1 << 30;
 
-// Marks the tile whose first part this warp stored as ready once the store's writes are done (lane 0, which issued it).
-__device__ __forceinline__ void mark_dq_ready(int* claim) {
-  if (claim == nullptr) return;
+// Marks tile `at` (a claim word's index, -1: none), whose first part this thread stored, as ready once the store's
+// writes are done.
+__device__ __forceinline__ void mark_dq_ready(int* claims, int at) {
+  if (at < 0) return;
   bulk_wait<0>();
   fence_proxy_async_global();
-  red_or_release(claim, kDqReady);
+  red_or_release(claims + at, kDqReady);
 }
 
 // The dQ warp of the backward's producer, for one item: per visited query tile, once the consumers have stored its
@@ -137,16 +137,16 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
   constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
   const Params& p = a.p;
   const int lane = threadIdx.x % 32;
-  int* stored = nullptr;  // lane 0: the tile whose first part it stored last, not yet marked ready
+  int stored = -1;  // lane 0: the claim word of the tile whose first part it stored last, not yet marked ready
   for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk)) {
     named_arrive(kDqFree, Tr::kDqThreads);
     const int h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM, valid = doc.lq - work.tile * BM;
-    int* claim = a.dq_claims + (static_cast<int64_t>(b) * p.heads + h) * a.q_tiles + work.tile;
+    const int claim = (b * p.heads + h) * a.q_tiles + work.tile;  // < 2^31: q would hold 2^37 rows x heads
     int seen = 0;  // the claim word before this block's count: 0 for the first block
     if (lane == 0) {  // while the consumers compute the tile; the count and the last store's completion overlap
-      seen = atomic_add_acquire(claim, 1);
-      mark_dq_ready(stored);
-      stored = nullptr;
+      seen = atomic_add_acquire(a.dq_claims + claim, 1);
+      mark_dq_ready(a.dq_claims, stored);
+      stored = -1;
     }
     const bool first = __any_sync(0xffffffff, lane == 0 && seen == 0);
     named_sync(kDqStored, Tr::kDqThreads);
@@ -164,7 +164,7 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
       if (lane == 0) stored = claim;
     } else if (lane == 0) {
       if (seen != 0) {
-        wait_bits(claim, kDqReady, seen);
+        wait_bits(a.dq_claims + claim, kDqReady, seen);
         fence_proxy_async_global();  // the TMA's additions after the first part, which the acquire saw
       }
 #pragma unroll
@@ -182,7 +182,7 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
     __syncwarp();
   }
   named_sync(kDqFree, Tr::kDqThreads);
-  if (lane == 0) mark_dq_ready(stored);
+  if (lane == 0) mark_dq_ready(a.dq_claims, stored);
 }
 
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel

@@ -38,6 +38,11 @@ struct FwdTraits {
   static constexpr int kConsumerThreads = 128 * kConsumers;
   // Registers per thread: 24 for the producer, 240 for the consumers (128 x (24 + 2 x 240) = 64 512 of the SM's 65 536)
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+  // setmaxnreg moves registers within the block: the consumers' increase waits until the producer's decrease has
+  // freed them, from the launch's share (65 536 / threads, in steps of 8), so that a split past it hangs
+  static_assert((65536 / kThreads / 8 * 8 - kProducerRegisters) * 128 >=
+                    (kConsumerRegisters - 65536 / kThreads / 8 * 8) * kConsumerThreads,
+                "the consumers' registers must come from the producer's");
   static constexpr int kTileBytes = kBlockN * D * sizeof(T);  // one K or V tile
   // mbarriers: Q's, K's and V's full and empty, per buffer
   static constexpr int kBarriers = 10;
