@@ -414,8 +414,6 @@ inline void __syncthreads() { legalpt::emu::block.block_barrier.arrive(); }
 
 inline void __syncwarp(unsigned = 0xffffffffu) { legalpt::emu::warp_sync(); }
 
-inline void __threadfence() {}  // fibers run one at a time: every write is seen at once
-
 inline bool __any_sync(unsigned, bool predicate) {
   using namespace legalpt::emu;
   WarpScratch& s = warp_scratch();

@@ -164,7 +164,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward", &host::backward<EmulatedLaunch>, "FA2 attention backward, emulated on the CPU");
   m.def("forward_fa3", &host::forward<EmulatedLaunch, true>, "the Hopper forward (d64, d128), emulated on the CPU");
   m.def("backward_fa3", &host::backward<EmulatedLaunch, true>, "the Hopper backward (d64, d128), emulated");
-  m.def("finish_dq", &host::finish_dq<EmulatedLaunch>, "dq from the Hopper backward's dq_accum, emulated");
   m.def("check_emulation", &legalpt::fa3::check_emulation, "runs one of the emulation's synchronization checks");
   m.def("mask_bit_mismatches", &legalpt::fa2::mask_bit_mismatches, "the plain rule's bit masks against `allowed`");
 }

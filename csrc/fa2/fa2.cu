@@ -40,7 +40,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("prepare", &host::prepare<CudaLaunch>, "backward preprocessing: delta = rowsum(dO * O) - dlse, lse in log2");
   m.def("backward", &host::backward<CudaLaunch>, "FA2 attention backward (accumulates dq_accum, writes dk and dv)");
   m.def("backward_fa3", &host::backward<CudaLaunch, true>, "the Hopper backward where built (`fa3`), else FA2's");
-#ifdef LEGALPT_WITH_FA3
-  m.def("finish_dq", &host::finish_dq<CudaLaunch>, "dq from the Hopper backward's dq_accum and claim words");
-#endif
 }

@@ -202,7 +202,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
               int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
               const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale, double softcap,
               const at::Tensor& dq_counts, const at::Tensor& dq_indices, bool deterministic, int64_t split_tiles,
-              int64_t split_chunks, const at::Tensor& dkv_split, const std::optional<at::Tensor>& dq_claims) {
+              int64_t split_chunks, const at::Tensor& dkv_split) {
   TORCH_CHECK(q.size(-1) == kHeadDim, "fa2 extension for head_dim ", kHeadDim, " got ", q.size(-1));
   const Launch launch(q.device());
   Params p =
@@ -235,10 +235,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
                               tensor_map(dv, Tr::kBlockN),
                               tensor_map(dq_accum, Tr::kBlockM),
                               key_blocks,
-                              documents(q, cu_q),
-                              dq_claims.has_value() ? dq_claims->data_ptr<int>() : nullptr,
-                              dq_claims.has_value() ? static_cast<int>(dq_claims->size(-1)) : 0};
-      TORCH_CHECK(deterministic || dq_claims.has_value(), "the fa3 backward needs dq_claims (fa2.py)");
+                              documents(q, cu_q)};
       // Persistent where the key tiles cost alike: the next item's K, V, Q and dO load while this one's last tile
       // and its dK, dV store run
       const dim3 grid = item_grid(launch, int64_t{key_blocks} * args.documents * k.size(-2),
@@ -270,30 +267,6 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
     launch(dq_kernel<T, kHeadDim, decltype(general)::value>, dq_grid, Tr::kThreads, Tr::kSmem, pq);
   });
 }
-
-#ifdef LEGALPT_WITH_FA3
-// dq (T, like dq_accum) from the fa3 backward's dq_accum and claim words (fa3::finish_dq_kernel).
-template <typename Launch>
-void finish_dq(const at::Tensor& dq_accum, const at::Tensor& dq_claims, at::Tensor& dq,
-               const std::optional<at::Tensor>& cu_q, int64_t max_q) {
-  TORCH_CHECK(dq.size(-1) == kHeadDim, "fa2 extension for head_dim ", kHeadDim, " got ", dq.size(-1));
-  const Launch launch(dq.device());
-  const fa3::DqFinishArgs a{view(dq_accum),
-                            view(dq),
-                            dq_claims.data_ptr<int>(),
-                            optional_int_ptr(cu_q),
-                            static_cast<int>(max_q),
-                            static_cast<int>(dq.size(-2)),
-                            static_cast<int>(dq_claims.size(-1))};
-  const dim3 grid(a.q_tiles, documents(dq, cu_q), a.heads);
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
-  by_type(dq, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    constexpr int kRows = fa3::BwdTraits<T, kHeadDim>::kBlockM;
-    launch(fa3::finish_dq_kernel<T, kHeadDim, kRows>, grid, 128, 0, a);
-  });
-}
-#endif
 
 template <typename Launch>
 void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& lse,
@@ -350,9 +323,7 @@ inline void add_attributes(pybind11::module& m) {
   using Fa3Bwd = fa3::BwdTraits<__half, kHeadDim>;
   m.attr("fa3_fwd_tile") = kHasFa3 ? pybind11::make_tuple(Fa3Fwd::kBlockM, Fa3Fwd::kBlockN) : m.attr("fwd_tile");
   m.attr("fa3_bwd_tile") = kHasFa3 ? pybind11::make_tuple(Fa3Bwd::kBlockM, Fa3Bwd::kBlockN) : m.attr("bwd_tile");
-  m.attr("has_fa3") = kHasFa3;  // backward_fa3 runs the Hopper kernel, whose dQ needs dq_claims and finish_dq
 #else
-  m.attr("has_fa3") = false;
   m.attr("fa3_fwd_tile") = m.attr("fwd_tile");
   m.attr("fa3_bwd_tile") = m.attr("bwd_tile");
 #endif

@@ -19,9 +19,8 @@
 // stage's full mbarrier; the consumers free a stage on its empty mbarrier, so that the next query tile's copies fly
 // while this one computes and the consumers meet only where dQ needs both halves of dS^T (double-buffered, so that
 // one barrier per tile suffices). dQ leaves as FA3's does: the consumers put their float32 parts into a swizzled
-// tile in shared memory and the producer's third warp moves the tile into dq_accum by TMA, so that the consumers
-// issue no atomics: the first block to reach a query tile stores its part, the others add theirs once it is there
-// (add_dq_tiles), so that dq_accum needs no zeroing pass; finish_dq_kernel then converts it to dQ.
+// tile in shared memory and the producer's third warp adds the tile into dq_accum by TMA reductions, so that the
+// consumers issue no atomics.
 #pragma once
 
 #include <type_traits>
@@ -74,12 +73,8 @@ struct BwdArgs {
   Params p;
   TensorMap q, dout, k, v;
   TensorMap dk, dv;  // stores of whole key tiles (boxes of kBlockN rows)
-  TensorMap dq;      // stores and reductions into dq_accum (float32, boxes of kBlockM rows)
+  TensorMap dq;      // reductions into dq_accum (float32, boxes of kBlockM rows)
   int key_blocks, documents;  // items: key_blocks (split parts first) x documents x key heads
-  // A word per query tile, (documents, heads, q_tiles), zeroed by the caller: how many blocks reached the tile's dQ,
-  // and kDqReady once the first one's part is in dq_accum (add_dq_tiles). Null in the deterministic pass.
-  int* dq_claims;
-  int q_tiles;
 };
 
 // Item i: a key tile, or a split key tile's part (fa2::bwd_kernel's blockIdx.x), of one document and key head; a
@@ -111,78 +106,29 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
   return item;
 }
 
-// Set in a query tile's claim word once the first part of its dQ is in dq_accum.
-constexpr int kDqReady = 1 << 30;
-
-// Marks tile `at` (a claim word's index, -1: none), whose first part this thread stored, as ready once the store's
-// writes are done.
-__device__ __forceinline__ void mark_dq_ready(int* claims, int at) {
-  if (at < 0) return;
-  bulk_wait<0>();
-  fence_proxy_async_global();
-  red_or_release(claims + at, kDqReady);
-}
-
 // The dQ warp of the backward's producer, for one item: per visited query tile, once the consumers have stored its
-// dQ (BM x D, float32) in sdQ, lane 0 moves it into dq_accum by TMA (64-row by 32-column boxes) and frees sdQ once
-// the copies have read it. dq_accum starts unwritten (no pass zeroes its 4 bytes per element): the first block to
-// reach a tile (its claim word's count) stores its part, and the others wait until that store is done (kDqReady)
-// and add theirs. Waiting is safe: the first block stores without waiting for any other. A varlen document's last
-// tile reaches into the next document, whose rows a store would overwrite: its first part is stored by the warp, the
-// document's rows alone; later parts add zeros there (their P is masked to 0). At the item's end the warp meets the
-// consumers at kDqFree once more (a sync, so that it never arrives a phase ahead): sdQ then carries the item's dV out.
+// dQ (BM x D, float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees
+// sdQ once they have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked
+// to 0). At the item's end the warp meets the consumers at kDqFree once more (a sync, so that it never arrives a
+// phase ahead): sdQ then carries the item's dV out.
 template <typename Tr>
 __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
                                              const Document& doc, int b, int batch, int hk, int n_blk, int chunk) {
   constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
   const Params& p = a.p;
-  const int lane = threadIdx.x % 32;
-  int stored = -1;  // lane 0: the claim word of the tile whose first part it stored last, not yet marked ready
   for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk)) {
     named_arrive(kDqFree, Tr::kDqThreads);
-    const int h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM, valid = doc.lq - work.tile * BM;
-    const int claim = (b * p.heads + h) * a.q_tiles + work.tile;  // < 2^31: q would hold 2^37 rows x heads
-    int seen = 0;  // the claim word before this block's count: 0 for the first block
-    if (lane == 0) {  // while the consumers compute the tile; the count and the last store's completion overlap
-      seen = atomic_add_acquire(a.dq_claims + claim, 1);
-      mark_dq_ready(a.dq_claims, stored);
-      stored = -1;
-    }
-    const bool first = __any_sync(0xffffffff, lane == 0 && seen == 0);
     named_sync(kDqStored, Tr::kDqThreads);
-    if (first && p.cu_seqlens_q != nullptr && valid < BM) {  // the document's rows, 16 bytes a lane
-      struct alignas(16) Chunk {
-        float x[4];
-      };
-      for (int at = lane; at < valid * (D / 4); at += 32) {
-        const int r = at / (D / 4), c = at % (D / 4);
-        *reinterpret_cast<Chunk*>(fa2::row_ptr<float>(p.dq_accum, b, row, r, h) + 4 * c) =
-            *reinterpret_cast<const Chunk*>(sdQ + swizzled<BM>(r, c));
-      }
-      __threadfence();  // before lane 0 marks the tile ready
-      __syncwarp();
-      if (lane == 0) stored = claim;
-    } else if (lane == 0) {
-      if (seen != 0) {
-        wait_bits(a.dq_claims + claim, kDqReady, seen);
-        fence_proxy_async_global();  // the TMA's additions after the first part, which the acquire saw
-      }
+    if (threadIdx.x % 32 == 0) {
+      const int h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
 #pragma unroll
-      for (int c = 0; c < D / 32; ++c) {
-        if (seen == 0) {
-          tma_store(a.dq, sdQ + c * BM * 128, 32 * c, h, row, batch);
-        } else {
-          tma_reduce_add(a.dq, sdQ + c * BM * 128, 32 * c, h, row, batch);
-        }
-      }
+      for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128, 32 * c, h, row, batch);
       bulk_commit();
-      bulk_wait_read<0>();  // the copies have read sdQ
-      if (seen == 0) stored = claim;
+      bulk_wait_read<0>();  // the reductions have read sdQ
     }
     __syncwarp();
   }
   named_sync(kDqFree, Tr::kDqThreads);
-  if (lane == 0) mark_dq_ready(a.dq_claims, stored);
 }
 
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
@@ -460,39 +406,6 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
 #elif defined(__CUDA_ARCH__)
   __trap();  // another target's code: fa3.check never launches it there, and it must not pass silently
 #endif
-}
-
-// The arguments of finish_dq_kernel.
-struct DqFinishArgs {
-  fa2::Tensor4 dq_accum, dq;  // float32 and T, like q: (B, S, H, D) or (total, H, D)
-  const int* dq_claims;       // BwdArgs::dq_claims after the backward
-  const int* cu_seqlens_q;    // nullptr for a batch of equal rows
-  int seqlen_q, heads, q_tiles;
-};
-
-// dQ as T from dq_accum, over the backward's query tiles (BM rows of one document and head a block: grid (q_tiles,
-// documents, heads)). A tile that no block claimed was never written: its rows are zero, they see no key.
-template <typename T, int D, int BM>
-__global__ void __launch_bounds__(128) finish_dq_kernel(const __grid_constant__ DqFinishArgs a) {
-  struct alignas(16) In {
-    float x[4];
-  };
-  struct alignas(8) Out {
-    uint32_t x[2];
-  };
-  const int tile = blockIdx.x, b = blockIdx.y, h = blockIdx.z;
-  const int start = a.cu_seqlens_q == nullptr ? 0 : a.cu_seqlens_q[b];
-  const int lq = a.cu_seqlens_q == nullptr ? a.seqlen_q : a.cu_seqlens_q[b + 1] - start;
-  const int rows = min(BM, lq - tile * BM);
-  const bool written = a.dq_claims[(static_cast<int64_t>(b) * a.heads + h) * a.q_tiles + tile] != 0;
-#pragma unroll 4
-  for (int at = threadIdx.x; at < rows * (D / 4); at += 128) {
-    const int row = tile * BM + at / (D / 4), col = 4 * (at % (D / 4));
-    In x{};
-    if (written) x = *reinterpret_cast<const In*>(fa2::row_ptr<const float>(a.dq_accum, b, start, row, h) + col);
-    *reinterpret_cast<Out*>(fa2::row_ptr<T>(a.dq, b, start, row, h) + col) =
-        Out{{pack2<T>(x.x[0], x.x[1]), pack2<T>(x.x[2], x.x[3])}};
-  }
 }
 
 }  // namespace legalpt::fa3

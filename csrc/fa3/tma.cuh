@@ -13,7 +13,6 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
-#include <utility>
 
 #include "wgmma.cuh"
 #ifndef LEGALPT_EMULATE
@@ -96,34 +95,6 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 template <int N>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-// Until at most N of this thread's bulk groups are incomplete: the others' writes to global memory are done.
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Order between blocks for the backward's dQ tiles (bwd.cuh: the first part of a tile is stored, the others added
-// once it is there): a word per tile in global memory, counted by an acquiring add (the count publishes nothing, so
-// it needs no release, whose fence would wait for the thread's writes) and marked by a release, with proxy fences
-// between those (generic) accesses and the TMA's (async proxy) writes to the same tile.
-__device__ __forceinline__ void fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
-__device__ __forceinline__ int atomic_add_acquire(int* word, int x) {
-  int old;
-  asm volatile("atom.acquire.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(word), "r"(x) : "memory");
-  return old;
-}
-__device__ __forceinline__ void red_or_release(int* word, int bits) {
-  asm volatile("red.release.gpu.global.or.b32 [%0], %1;\n" ::"l"(word), "r"(bits) : "memory");
-}
-// Until `word` has `bits` set, `seen` its value read before
-__device__ __forceinline__ void wait_bits(const int* word, int bits, int seen) {
-  while ((seen & bits) == 0) {
-    __nanosleep(64);
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(word) : "memory");
-  }
 }
 
 // The map of a tensor as {D, heads, rows, batches} (strides in elements between heads, rows and batches, D
@@ -251,21 +222,6 @@ inline void bulk_commit() { emu::bulk_commit(); }
 template <int N>
 inline void bulk_wait_read() {
   emu::bulk_wait(N);
-}
-template <int N>
-inline void bulk_wait() {
-  emu::bulk_wait(N);
-}
-inline void fence_proxy_async_global() {}
-// Fibers never interleave inside these, and blocks run one at a time: no ordering to emulate
-inline int atomic_add_acquire(int* word, int x) { return std::exchange(*word, *word + x); }
-inline void red_or_release(int* word, int bits) { *word |= bits; }
-// Blocks run one at a time here, and a block marks what it stored before it ends: a wait would never return.
-inline void wait_bits(const int*, int bits, int seen) {
-  while ((seen & bits) == 0) {
-    emu::block.fault = "emulated kernel waits for a word that no block can set (blocks run one at a time)";
-    emu::yield();
-  }
 }
 #endif
 

@@ -121,17 +121,10 @@ def backward(
     lse = lse.contiguous()
     delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
     ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta)
-    # The Hopper kernel stores each query tile's first dQ part and adds the rest (csrc/fa3/bwd.cuh, add_dq_tiles):
-    # dq_accum needs no zeroing, only a claim word per (document, head, query tile); atomics elsewhere need zeros
-    claims = hopper and ext.has_fa3 and not deterministic
-    dq_accum = (torch.empty if claims else torch.zeros)(qk.shape, device=q.device, dtype=torch.float32)
-    documents = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
-    dq_claims = None
-    if claims:
-        q_tiles = -(-max_seqlen_q // tile[0])
-        dq_claims = torch.zeros((documents, q.shape[-2], q_tiles), device=q.device, dtype=torch.int32)
+    dq_accum = torch.zeros(qk.shape, device=q.device, dtype=torch.float32)
     dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (kk, vk))  # contiguous, as ops promise
     split_tiles, split_chunks = _split(spec.global_tokens, max_seqlen_q, max_seqlen_k, tile, deterministic)
+    documents = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
     rows = split_tiles * tile[1]  # (documents, rows, key heads, dK and dV)
     dkv_split = torch.zeros((documents, rows, kk.shape[-2], 2 * ext.head_dim), device=q.device, dtype=torch.float32)
     shape = (spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -142,14 +135,9 @@ def backward(
     launch(
         dok, qk, kk, vk, lse_log2, delta, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         max_seqlen_k, by_key_tile.counts, by_key_tile.indices, _layout(spec), _mask_ints(spec), softmax_scale, softcap,
-        by_query_tile.counts, by_query_tile.indices, deterministic, split_tiles, split_chunks, dkv_split, dq_claims,
+        by_query_tile.counts, by_query_tile.indices, deterministic, split_tiles, split_chunks, dkv_split,
     )  # fmt: skip
-    if claims:
-        dq = torch.empty(qk.shape, dtype=q.dtype, device=q.device)
-        ext.finish_dq(dq_accum, dq_claims, dq, cu_seqlens_q, max_seqlen_q)
-    else:
-        dq = dq_accum.to(q.dtype)
-    return _unpad(dq, head_dim), _unpad(dk, head_dim), _unpad(dv, head_dim)
+    return _unpad(dq_accum.to(q.dtype), head_dim), _unpad(dk, head_dim), _unpad(dv, head_dim)
 
 
 def _split(

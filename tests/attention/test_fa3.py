@@ -80,11 +80,11 @@ def test_softmax_scale_of_any_sign(head_dim: int, scale: float):
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("varlen", [False, True], ids=["window", "varlen-window"])
-def test_dq_first_parts_at_scale(head_dim: int, varlen: bool, rng):
-    """The backward stores each query tile's first dQ part into unzeroed memory and adds the others once it is
-    there (csrc/fa3/bwd.cuh, add_dq_tiles): here hundreds of blocks race for the same tiles at once (a window at
-    16k tokens, in varlen documents whose last tiles reach into the next one) over memory poisoned with NaN, and dq
-    must match the deterministic pass's (fa2's dQ kernel, which sums in a fixed order) in every one of 5 runs."""
+def test_dq_reductions_at_scale(head_dim: int, varlen: bool, rng):
+    """The backward's blocks add their dQ parts into shared query tiles by TMA reductions (csrc/fa3/bwd.cuh,
+    add_dq_tiles): here hundreds of blocks reach the same tiles at once (a window at 16k tokens, in varlen documents
+    whose last tiles reach into the next one) over memory poisoned with NaN, and dq must match the deterministic
+    pass's (fa2's dQ kernel, which sums in a fixed order) in every one of 5 runs."""
     lens = [rng.randint(1, 3000) for _ in range(12)] if varlen else [16384]
     total, heads = sum(lens), 8
     q, k, v = base._qkv((total, heads, head_dim), (total, heads // 2, head_dim), torch.bfloat16)
