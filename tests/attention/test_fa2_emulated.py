@@ -101,9 +101,10 @@ def _poisoned(make):
     return poisoned
 
 
-def _check(q, k, v, kw: dict, cu: tuple | None = None, backend: str = "fa2") -> None:
+def _check(q, k, v, kw: dict, cu: tuple | None = None, backend: str = "fa2", lse_grad: bool = False) -> None:
     """out, lse, dq, dk, dv of `backend` by flash-attn's rule against float64 (2x, 3x for gradients, the error of
-    plain PyTorch in the same precision); rows that see no key: out 0 and lse -inf."""
+    plain PyTorch in the same precision); rows that see no key: out 0 and lse -inf. `lse_grad`: the loss weighs the
+    logsumexp too (its rows that see a key), so that the backward gets dlse != 0."""
     if cu is None:
         out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, backend=backend, **kw)
     else:
@@ -112,16 +113,20 @@ def _check(q, k, v, kw: dict, cu: tuple | None = None, backend: str = "fa2") -> 
     if cu is not None:
         naive.update(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1])
     exact_out, exact_lse = naive_attention(q, k, v, **naive)
-    plain_out, _ = naive_attention(q, k, v, dtype=q.dtype, **naive)
+    plain_out, plain_lse = naive_attention(q, k, v, dtype=q.dtype, **naive)
     seen = torch.isfinite(exact_lse)
     assert torch.equal(torch.isneginf(lse), ~seen), "lse must be -inf exactly on the rows that see no key"
     assert (out[(~seen).transpose(-1, -2)] == 0).all(), "rows that see no key must be 0"
     assert_flash_attn_rule("out", out, exact_out, plain_out, ratio=2, atol=1e-5)
     assert (lse[seen] - exact_lse[seen]).abs().max() < 1e-4
-    g = torch.randn_like(exact_out)
-    grads = torch.autograd.grad((out.double() * g).sum(), (q, k, v))
-    exact = torch.autograd.grad((exact_out * g).sum(), (q, k, v))
-    plain = torch.autograd.grad((plain_out.double() * g).sum(), (q, k, v))
+    g, g_lse = torch.randn_like(exact_out), torch.randn_like(exact_lse) * lse_grad
+
+    def loss(out, lse):  # unseen rows' -inf left out
+        return (out.double() * g).sum() + (torch.where(seen, lse.double(), 0.0) * g_lse).sum()
+
+    grads = torch.autograd.grad(loss(out, lse), (q, k, v))
+    exact = torch.autograd.grad(loss(exact_out, exact_lse), (q, k, v))
+    plain = torch.autograd.grad(loss(plain_out, plain_lse), (q, k, v))
     for name, *triple in zip("qkv", grads, exact, plain, strict=True):
         assert_flash_attn_rule(f"d{name}", *triple, ratio=3, atol=3e-5)
 
@@ -213,6 +218,28 @@ def test_emulated_varlen_with_an_empty_document(backend: str, rng):
     cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (lens_q, lens_k))
     q, k, v = _qkv((sum(lens_q), 4, 64), (sum(lens_k), 2, 64), torch.bfloat16)
     _check(q, k, v, {"causal": True, "window_size": (48, 0)}, (cu_q, cu_k, max(lens_q), max(lens_k)), backend)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "varlen", "deterministic", "backend"),
+    [(64, False, False, "fa3"), (128, True, False, "fa3"), (64, True, True, "fa3"), (64, True, False, "fa2")],
+    ids=["fa3-d64", "fa3-d128-varlen", "fa3-d64-varlen-deterministic", "fa2-d64-varlen"],
+)
+def test_emulated_logsumexp_gradient(head_dim: int, varlen: bool, deterministic: bool, backend: str, rng):
+    """A loss on the logsumexp as well as the output (as a z-loss has): delta = rowsum(dO * O) - dlse, which fa3's
+    backward computes per query tile itself (the preprocessing pass only for the deterministic dQ pass, and fa2's).
+    Varlen: documents of 100, 90 and 70 rows, so that each document's last 64-row query tile reaches into the next
+    one (or past the tensor), whose rows must not count (that they are not read either, with NaN in them, is
+    test_emulated_varlen_documents_stay_apart's)."""
+    kw = {"causal": True, "window_size": (80, 0), "deterministic": deterministic}
+    if varlen:
+        lens = [100, 90, 70]
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+        q, k, v = _qkv((sum(lens), 4, head_dim), (sum(lens), 2, head_dim), torch.bfloat16)
+        _check(q, k, v, kw, (cu, cu, max(lens), max(lens)), backend, lse_grad=True)
+    else:
+        q, k, v = _qkv((2, 150, 2, head_dim), (2, 150, 1, head_dim), torch.float16)
+        _check(q, k, v, kw, backend=backend, lse_grad=True)
 
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
