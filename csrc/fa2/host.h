@@ -195,37 +195,22 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
 }
 
 // The backward: fa2's kernel, or with kFa3 the Hopper one (csrc/fa3) where the build has it; both over 128-key tiles.
-// fa2's kernels and the deterministic dQ pass read each row's log2 logsumexp and delta (lse_log2, delta: `prepare`'s);
-// the Hopper kernel computes them per query tile from lse, dlse (none: 0), dout and the forward's output `out` (in
-// the kernel layout, as dout), so it needs lse_log2 and delta only when deterministic. All of them like lse.
 template <typename Launch, bool kFa3 = false>
 void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-              const std::optional<at::Tensor>& out, const at::Tensor& lse, const std::optional<at::Tensor>& dlse,
-              const std::optional<at::Tensor>& lse_log2, const std::optional<at::Tensor>& delta, at::Tensor& dq_accum,
-              at::Tensor& dk, at::Tensor& dv, const std::optional<at::Tensor>& cu_q,
-              const std::optional<at::Tensor>& cu_k, int64_t max_q, int64_t max_k, const at::Tensor& counts,
-              const at::Tensor& indices, const std::optional<at::Tensor>& layout, std::vector<int64_t> mask,
-              double scale, double softcap, const at::Tensor& dq_counts, const at::Tensor& dq_indices,
-              bool deterministic, int64_t split_tiles, int64_t split_chunks, const at::Tensor& dkv_split) {
+              const at::Tensor& lse_log2, const at::Tensor& delta, at::Tensor& dq_accum, at::Tensor& dk, at::Tensor& dv,
+              const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
+              int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
+              const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale, double softcap,
+              const at::Tensor& dq_counts, const at::Tensor& dq_indices, bool deterministic, int64_t split_tiles,
+              int64_t split_chunks, const at::Tensor& dkv_split) {
   TORCH_CHECK(q.size(-1) == kHeadDim, "fa2 extension for head_dim ", kHeadDim, " got ", q.size(-1));
-  constexpr bool kHopper = kFa3 && kHasFa3;
-  TORCH_CHECK(!kHopper || out.has_value(), "the fa3 backward takes the forward's output");
-  TORCH_CHECK((kHopper && !deterministic) || (lse_log2.has_value() && delta.has_value()),
-              "fa2's backward and the deterministic dQ pass take lse_log2 and delta (prepare)");
-  for (const auto* t : {&dlse, &lse_log2, &delta}) {  // read with lse's strides (a size-1 dimension's goes unused)
-    if (!t->has_value()) continue;
-    bool like = (*t)->sizes() == lse.sizes();
-    for (int d = 0; d < lse.dim(); ++d) like = like && (lse.size(d) == 1 || (*t)->stride(d) == lse.stride(d));
-    TORCH_CHECK(like, "dlse, lse_log2 and delta must be laid out like lse");
-  }
-  const auto data = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr<float>() : nullptr; };
   const Launch launch(q.device());
-  Params p = common_params(q, k, v, lse, cu_q, cu_k, max_q, max_k, counts, indices, layout, mask, scale, softcap);
+  Params p =
+      common_params(q, k, v, lse_log2, cu_q, cu_k, max_q, max_k, counts, indices, layout, mask, scale, softcap);
   p.o = view(dout);
   p.deterministic = deterministic;
-  p.lse_log2 = data(lse_log2);
-  p.delta = data(delta);
-  p.dlse = data(dlse);
+  p.lse_log2 = lse_log2.data_ptr<float>();
+  p.delta = delta.data_ptr<float>();
   p.dq_accum = view(dq_accum);
   p.dk = view(dk);
   p.dv = view(dv);
@@ -237,7 +222,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   dispatch(q, p, [&](auto tag, auto general) {
     using T = typename decltype(tag)::type;
     constexpr bool kGeneral = decltype(general)::value;
-    if constexpr (kHopper) {
+    if constexpr (kFa3 && kHasFa3) {
 #ifdef LEGALPT_WITH_FA3
       using Tr = fa3::BwdTraits<T, kHeadDim>;
       static_assert(Tr::kBlockN == kKeys, "split_dkv_kernel and the grid assume fa2's key tiles");
@@ -246,7 +231,6 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
                               tensor_map(dout, Tr::kBlockM),
                               tensor_map(k, Tr::kBlockN),
                               tensor_map(v, Tr::kBlockN),
-                              tensor_map(*out, Tr::kBlockM),
                               tensor_map(dk, Tr::kBlockN),
                               tensor_map(dv, Tr::kBlockN),
                               tensor_map(dq_accum, Tr::kBlockM),
@@ -269,8 +253,8 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   });
   if (!deterministic) return;
   // dQ over the forward schedule (dq_counts, dq_indices: the forward's tiles)
-  Params pq = common_params(q, k, v, lse, cu_q, cu_k, max_q, max_k, dq_counts, dq_indices, layout, mask, scale,
-                            softcap);
+  Params pq = common_params(q, k, v, lse_log2, cu_q, cu_k, max_q, max_k, dq_counts, dq_indices, layout, mask,
+                            scale, softcap);
   pq.o = p.o;
   pq.lse_log2 = p.lse_log2;
   pq.delta = p.delta;
@@ -331,7 +315,6 @@ inline void add_attributes(pybind11::module& m) {
   using Fwd = FwdTraits<__half, kHeadDim>;
   using Bwd = BwdTraits<__half, kHeadDim>;
   m.attr("head_dim") = kHeadDim;
-  m.attr("has_fa3") = kHasFa3;  // whether forward_fa3 and backward_fa3 run the Hopper kernels here, or fa2's
   m.attr("fwd_tile") = pybind11::make_tuple(Fwd::kBlockM, Fwd::kBlockN);  // (query rows, keys) per forward tile
   m.attr("bwd_tile") = pybind11::make_tuple(Bwd::kBlockM, Bwd::kBlockN);  // (query rows, keys) per backward tile
   // (query rows, keys) of forward_fa3's and backward_fa3's tiles: the Hopper kernels' where built, else fa2's

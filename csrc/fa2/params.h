@@ -37,11 +37,8 @@ struct Params {
   // backward only
   Tensor4 dq_accum;          // float32, like q
   Tensor4 dk, dv;            // like k, v
-  // From bwd_prep_kernel, for fa2's kernels and the deterministic dQ pass (the fa3 backward computes both per query
-  // tile from lse, dlse, O and dO itself; nullptr where only it runs):
   const float* lse_log2;     // lse * log2(e), +inf where a row sees no key (P = 0 there, not NaN); like lse
   const float* delta;        // rowsum(dO * O) - dlse, laid out like lse
-  const float* dlse;         // the gradient of the logsumexp, like lse; nullptr for none (the fa3 backward's delta)
   float ds_scale;            // softmax_scale: d score / d (q . k) without softcap
   int deterministic;         // 1: dQ from dq_kernel (fixed order) instead of atomics in bwd_kernel
   // The first split_tiles key tiles of each document (those of the global keys) are each split over split_chunks

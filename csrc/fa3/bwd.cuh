@@ -14,15 +14,13 @@
 // dP^T, wait for both first).
 //
 // Warp-specialized as the forward (fwd.cuh): a producer warpgroup copies, two consumer warpgroups compute. The
-// producer's first thread brings K and V once and each query tile's Q, dO and O by TMA (tma.cuh) on the stage's full
-// mbarrier; its second and fourth warps then compute the tile's logsumexp in log2 units and delta = rowsum(dO O) -
-// dlse from the landed O and dO into shared memory (the preprocessing pass's formulas: fa2::bwd_prep_kernel, which
-// so runs only for fa2's kernels and the deterministic dQ pass), on the stage's stats mbarrier, which the consumers
-// wait for only where they first read those. The consumers free a stage on its empty mbarrier, so that the next
-// query tile's copies fly while this one computes and the consumers meet only where dQ needs both halves of dS^T
-// (double-buffered, so that one barrier per tile suffices). dQ leaves as FA3's does: the consumers put their float32
-// parts into a swizzled tile in shared memory and the producer's third warp adds the tile into dq_accum by TMA
-// reductions, so that the consumers issue no atomics.
+// producer's first thread brings K and V once and each query tile's Q and dO by TMA (tma.cuh), its second warp the
+// tile's logsumexp and delta by cp.async (threads read them, not wgmma; zero-filled past the document), both on the
+// stage's full mbarrier; the consumers free a stage on its empty mbarrier, so that the next query tile's copies fly
+// while this one computes and the consumers meet only where dQ needs both halves of dS^T (double-buffered, so that
+// one barrier per tile suffices). dQ leaves as FA3's does: the consumers put their float32 parts into a swizzled
+// tile in shared memory and the producer's third warp adds the tile into dq_accum by TMA reductions, so that the
+// consumers issue no atomics.
 #pragma once
 
 #include <type_traits>
@@ -46,7 +44,7 @@ struct BwdTraits {
   static constexpr int kProducerRegisters = FwdTraits<T, D>::kProducerRegisters;  // the forward's split
   static constexpr int kConsumerRegisters = FwdTraits<T, D>::kConsumerRegisters;
   static constexpr int kKeyTileBytes = kBlockN * D * sizeof(T);    // K or V
-  static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q, dO or O, one stage
+  static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
   static constexpr int kDsBytes = kBlockN * kBlockM * sizeof(T);   // dS^T, one buffer
   static constexpr int kDqBytes = kBlockM * D * sizeof(float);     // dQ of a query tile, float32
   // dQ's split between the consumers. At D = 128 each computes all BM rows of its half of D's columns, over all BN
@@ -57,16 +55,14 @@ struct BwdTraits {
   static constexpr bool kDqTurns = kDqCols == D;
   // A query tile's logsumexp and delta (16 of each per thread) read from shared memory into registers while S^T and
   // dP^T are computed, not after the waits, where their latency was the first P^T's and dS^T's (ncu at d64). At
-  // D = 128, where dK and dV take 64 x 128 each, those 32 registers spill. At both head dims the consumers wait for
-  // the producer's statistics (stats_full) after the MMAs' issue, so that their computation hides behind the MMAs.
+  // D = 128, where dK and dV take 64 x 128 each, those 32 registers spill.
   static constexpr bool kStatsEarly = D == 64;
-  // mbarriers: K and V's copies (full) and release (empty); per stage, its copies' (full), its statistics' (stats)
-  // and its release (empty)
-  static constexpr int kBarriers = 8;
-  // K, V; Q, dO and O twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
-  // swizzle's period (D = 128: 231 488 bytes of sm90's 232 448). An item's dK and dV leave through the dS^T buffers
-  // and dQ's, so that the next item's Q, dO and O may land in the query stages meanwhile.
-  static constexpr int kSmem = 2 * kKeyTileBytes + 6 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
+  // mbarriers: K and V's copies (full) and release (empty); per stage, its copies' and its release
+  static constexpr int kBarriers = 6;
+  // K, V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
+  // swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next item's Q and dO
+  // may land in the query stages meanwhile.
+  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
                                4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
 };
@@ -76,7 +72,6 @@ struct BwdTraits {
 struct BwdArgs {
   Params p;
   TensorMap q, dout, k, v;
-  TensorMap o;       // the forward's output, for delta (boxes of kBlockM rows, as dout's)
   TensorMap dk, dv;  // stores of whole key tiles (boxes of kBlockN rows)
   TensorMap dq;      // reductions into dq_accum (float32, boxes of kBlockM rows)
   int key_blocks, documents;  // items: key_blocks (split parts first) x documents x key heads
@@ -136,45 +131,9 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
   named_sync(kDqFree, Tr::kDqThreads);
 }
 
-// The statistics warps of the backward's producer (its second and fourth), for one query tile of BM rows (`valid` of
-// them in the document), rows [at, at + BM) of the logsumexp's layout: row r's logsumexp in log2 units (+inf where
-// the row sees no key, so that its P is exp2(-inf) = 0 rather than NaN) and delta = rowsum(dO O) - dlse,
-// fa2::bwd_prep_kernel's formulas, into sLse[r] and sDelta[r], from the stage's swizzled O and dO once they have
-// landed on `full`. A row past the document gets 0, as the copies' zero-fill gave (the mask zeroes its P); its O
-// and dO are not read, since the consumers zero dO there meanwhile. A lane takes one row: the 8 lanes that read one
-// 16-byte chunk of 8 neighbouring rows together find them in 8 different bank groups (the swizzle). The logsumexp is
-// read before the wait, so that its latency hides behind the copies'.
-template <typename T, int BM, int D>
-__device__ __forceinline__ void tile_stats(const Params& p, int64_t at, int valid, int r, const unsigned char* sO,
-                                           const unsigned char* sdO, float* sLse, float* sDelta, uint64_t* full,
-                                           int phase) {
-  float lse = 0.f, dlse = 0.f, sum = 0.f;
-  if (r < valid) {
-    lse = p.lse[at + r];
-    if (p.dlse != nullptr) dlse = p.dlse[at + r];
-  }
-  mbar_wait(full, phase);
-  if (r < valid) {
-    // Not unrolled: unrolled, the chunks' offsets became loop invariants that the producer's 24 registers spill
-    // (276 bytes at D = 128), and the consumers' allocation shifted with it (spills outside their loop)
-#pragma unroll 1
-    for (int c = 0; c < D / 8; ++c) {
-      const auto o = *reinterpret_cast<const fa2::Chunk<T, 8>*>(sO + swizzled<BM>(r, c));
-      const auto d = *reinterpret_cast<const fa2::Chunk<T, 8>*>(sdO + swizzled<BM>(r, c));
-      float part = 0.f;  // a chunk's own sum: the next chunk's products need not wait for this one's
-#pragma unroll
-      for (int e = 0; e < 8; ++e) part += fa2::to_float(o.x[e]) * fa2::to_float(d.x[e]);
-      sum += part;
-    }
-  }
-  sLse[r] = lse == -INFINITY ? INFINITY : lse * fa2::kLog2e;
-  sDelta[r] = sum - dlse;
-}
-
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
 __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
   static_assert(D == 64 || D == 128, "the fa3 backward is instantiated for head dims 64 and 128");
-  static_assert(BwdTraits<T, D>::kSmem <= 227 * 1024, "a block's shared memory on sm90");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a and the CPU emulation
   using Tr = BwdTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, kConsumerThreads = Tr::kConsumerThreads;
@@ -184,14 +143,12 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   unsigned char* sV = sK + Tr::kKeyTileBytes;                      // (BN, D)
   unsigned char* sQ0 = sV + Tr::kKeyTileBytes;                     // 2 x (BM, D)
   unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
-  unsigned char* sO0 = sdO0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D): the forward's output, for delta
-  unsigned char* sdS0 = sO0 + 2 * Tr::kQueryTileBytes;             // 2 x (BN, BM): dS^T; an item's dK at its end
+  unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T; an item's dK at its end
   unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled; an item's dV
   float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);       // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
   uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
-  uint64_t *kv_full = bars, *kv_empty = bars + 1;
-  uint64_t *q_full = bars + 2, *stats_full = bars + 4, *q_empty = bars + 6;  // per stage
+  uint64_t *kv_full = bars, *kv_empty = bars + 1, *q_full = bars + 2, *q_empty = bars + 4;  // q_: per stage
   const int items = a.key_blocks * a.documents * (p.heads / p.kv_group);
   const int lane = threadIdx.x % 32;
 
@@ -199,8 +156,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     mbar_init(kv_full);
     mbar_init(kv_empty, kConsumerThreads / 32);  // one arrival per consumer warp
     for (int s = 0; s < 2; ++s) {
-      mbar_init(q_full + s);          // the TMA thread's
-      mbar_init(stats_full + s, 64);  // the statistics warps' lanes
+      mbar_init(q_full + s, 1 + 32);                      // the TMA thread's and the second warp's 32 lanes'
       mbar_init(q_empty + s, kConsumerThreads / 32);
     }
     mbar_fence_init();
@@ -210,10 +166,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   // items) and counts K/V's (n) and the query stages' (it) uses over all of them: the buffers' phases run on. An item
   // whose key tile starts past its document's end is skipped by all; one that no query sees still stores zeros.
 
-  if (threadIdx.x < 128) {  // the producer: thread 0 issues the TMA copies, warp 2 adds dQ into dq_accum, warps 1
-    registers_down<Tr::kProducerRegisters>();  // and 3 compute the logsumexp and delta (rows 0-31 and 32-63)
+  if (threadIdx.x < 128) {  // the producer: thread 0 issues the TMA copies, warp 1 the logsumexp's and delta's,
+    registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum
     const int warp = threadIdx.x / 32;
-    if ((warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
+    if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
     for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
       BwdItem item = bwd_item<BN>(a, i);
       if (item.skipped) continue;
@@ -231,24 +187,25 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         tma_load_tile<BN, D>(sV, a.v, hk, doc.k_start + n_blk * BN, batch, kv_full);
       }
       ++n;
-      // One query tile of one head into its stage, once the consumers have freed it (two tiles ago). Q, dO and O:
-      // rows past the document hold the next one's or zeros (the tile is partial, its mask zeroes their P, the
-      // consumers zero Q's and dO's there). The statistics follow once the copies have landed, which orders them
-      // after the stage's release too (thread 0 waited for it before the copies).
+      // One query tile of one head into its stage, once the consumers have freed it (two tiles ago). Q and dO: rows
+      // past the document hold the next one's or zeros (the tile is partial, its mask zeroes their P, the consumers
+      // zero those rows); logsumexp and delta: zero-filled there.
       for (; work.g < p.kv_group; ++it) {
         const int stage = it % 2, h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
+        if (it >= 2) mbar_wait(q_empty + stage, (it / 2 - 1) % 2);
         if (warp == 0) {
-          if (it >= 2) mbar_wait(q_empty + stage, (it / 2 - 1) % 2);
-          mbar_expect(q_full + stage, 3 * Tr::kQueryTileBytes);
+          mbar_expect(q_full + stage, 2 * Tr::kQueryTileBytes);
           tma_load_tile<BM, D>(sQ0 + stage * Tr::kQueryTileBytes, a.q, h, row, batch, q_full + stage);
           tma_load_tile<BM, D>(sdO0 + stage * Tr::kQueryTileBytes, a.dout, h, row, batch, q_full + stage);
-          tma_load_tile<BM, D>(sO0 + stage * Tr::kQueryTileBytes, a.o, h, row, batch, q_full + stage);
         } else {
-          tile_stats<T, BM, D>(p, b * p.lse_batch_stride + h * p.lse_head_stride + row, doc.lq - work.tile * BM,
-                               32 * (warp / 2) + lane, sO0 + stage * Tr::kQueryTileBytes,
-                               sdO0 + stage * Tr::kQueryTileBytes, sLse0 + stage * BM, sDelta0 + stage * BM,
-                               q_full + stage, (it / 2) % 2);
-          mbar_arrive(stats_full + stage);
+          const int valid = doc.lq - work.tile * BM;
+#pragma unroll
+          for (int r = lane; r < BM; r += 32) {
+            const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + row + r;
+            cp_async4(sLse0 + stage * BM + r, p.lse_log2 + at, r < valid);
+            cp_async4(sDelta0 + stage * BM + r, p.delta + at, r < valid);
+          }
+          cp_async_arrive(q_full + stage);
         }
         fa2::advance(p, work, b, hk, n_blk, chunk);
       }
@@ -293,7 +250,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     }
     for (; work.g < p.kv_group; ++it) {
       const int stage = it % 2;
-      mbar_wait(q_full + stage, (it / 2) % 2);  // the stage's Q and dO
+      mbar_wait(q_full + stage, (it / 2) % 2);  // the stage's Q, dO, logsumexp and delta
       if (p.cu_seqlens_q != nullptr && (work.tile + 1) * BM > doc.lq) {
         zero_past_document(std::integral_constant<int, BM>{}, sQ0 + stage * Tr::kQueryTileBytes,
                            sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM);
@@ -326,7 +283,6 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       // a uniform register at once, which waits for the load)
       fa2::BwdWork after = next;
       fa2::advance(p, after, b, hk, n_blk, chunk);
-      mbar_wait(stats_full + stage, (it / 2) % 2);  // the producer's logsumexp and delta of the tile
       // The thread's queries' logsumexp and delta (BwdTraits::kStatsEarly)
       float lse_q[BM / 8][2], delta_q[BM / 8][2];
       if constexpr (Tr::kStatsEarly) {

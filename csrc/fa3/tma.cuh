@@ -30,8 +30,8 @@ struct alignas(64) TensorMap {
   uint64_t opaque[16];  // a CUtensorMap, filled on the host by cuTensorMapEncodeTiled (host.h)
 };
 
-// `arrivals` per phase: 1 for a barrier of TMA copies (the issuing thread's), or the threads or warps that arrive
-// on it (mbar_arrive): the consumers' warps for one that frees a buffer, the lanes of a warp that fills one.
+// `arrivals` per phase: 1 for a barrier of TMA copies (the issuing thread's), plus the lanes whose cp.async copies
+// arrive on it (cp_async_arrive), or the consumers' warps for one that frees a buffer.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int arrivals = 1) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
 }
@@ -42,10 +42,14 @@ __device__ __forceinline__ void mbar_expect(uint64_t* bar, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
                : "memory");
 }
-// A plain arrival (release: this thread's shared-memory writes before it are seen by the phase's waiters): a
-// consumer is done with the buffer the barrier guards, or a thread has filled its part of it.
+// A plain arrival: a consumer is done with the buffer the barrier guards.
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// An arrival once this thread's cp.async copies so far have landed (an mbarrier initialized with one arrival for
+// this thread: .noinc), so that copies of scattered words complete a phase beside TMA's.
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 // Until the phase of parity `phase` has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int phase) {
@@ -163,6 +167,15 @@ inline void mbar_init(uint64_t* bar, int arrivals = 1) { emu::mbarrier(bar) = em
 inline void mbar_fence_init() {}
 inline void mbar_expect(uint64_t* bar, int bytes) { emu::mbarrier(bar).arrive(bytes); }
 inline void mbar_arrive(uint64_t* bar) { emu::mbarrier(bar).arrive(0); }
+inline void cp_async_arrive(uint64_t* bar) {  // the thread's copies land with the phase, when a wait returns
+  emu::Fiber& f = emu::block.fibers[emu::block.current];
+  emu::Mbarrier& m = emu::mbarrier(bar);
+  for (const std::vector<emu::Copy>& group : f.groups) m.pending.insert(m.pending.end(), group.begin(), group.end());
+  m.pending.insert(m.pending.end(), f.open.begin(), f.open.end());
+  f.groups.clear();
+  f.open.clear();
+  m.arrive(0);
+}
 inline void mbar_wait(uint64_t* bar, int phase) { emu::mbarrier(bar).wait(phase); }
 // A box line's 16-byte chunk c (of 8): its global address, or nullptr where it lies past the tensor.
 inline unsigned char* box_chunk(const TensorMap& map, int col, int head, int row, int batch, int c) {

@@ -3,9 +3,8 @@
 `forward` and `backward` have the signatures of the reference backend's (ops.py looks them up by name). They check
 what only the kernels need (device, dtype, head dim, alignment), pad head dims that have no instantiation, build
 the block-sparse schedules (blocks.py, cached per shape) and launch. The backward runs a preprocessing kernel
-(delta = rowsum(dO * O) - dlse, the logsumexp in log2; the Hopper backward computes both itself, so it runs only for
-fa2's kernels and the deterministic dQ pass), accumulates dQ in float32 (atomics, or a separate dQ pass when
-deterministic) and converts it. The key tiles of global tokens, which every query tile visits, have their
+(delta = rowsum(dO * O) - dlse, the logsumexp in log2), accumulates dQ in float32 (atomics, or a separate dQ pass
+when deterministic) and converts it. The key tiles of global tokens, which every query tile visits, have their
 backward split over several blocks (`_split`), so that one block does not hold up the whole pass.
 """
 
@@ -119,15 +118,9 @@ def backward(
     ext, head_dim = _extension(q, hopper), q.shape[-1]
     launch, tile = (ext.backward_fa3, ext.fa3_bwd_tile) if hopper else (ext.backward, ext.bwd_tile)
     qk, kk, vk, dok = (_kernel_layout(x, ext.head_dim) for x in (q, k, v, dout))
-    lse, dlse = lse.contiguous(), _contiguous(dlse)
-    # The Hopper kernel computes each query tile's delta and log2 logsumexp from O and dO itself; fa2's kernels and
-    # the deterministic dQ pass read them from the preprocessing pass
-    stats_in_kernel = hopper and ext.has_fa3
-    outk = _kernel_layout(out, ext.head_dim) if stats_in_kernel else None
-    lse_log2 = delta = None
-    if not stats_in_kernel or deterministic:
-        delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
-        ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, dlse, lse_log2, delta)
+    lse = lse.contiguous()
+    delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
+    ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta)
     dq_accum = torch.zeros(qk.shape, device=q.device, dtype=torch.float32)
     dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (kk, vk))  # contiguous, as ops promise
     split_tiles, split_chunks = _split(spec.global_tokens, max_seqlen_q, max_seqlen_k, tile, deterministic)
@@ -140,7 +133,7 @@ def backward(
     if deterministic:
         by_query_tile = schedule_for(*shape, ext.fwd_tile, transposed=False, device=q.device)
     launch(
-        dok, qk, kk, vk, outk, lse, dlse, lse_log2, delta, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        dok, qk, kk, vk, lse_log2, delta, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         max_seqlen_k, by_key_tile.counts, by_key_tile.indices, _layout(spec), _mask_ints(spec), softmax_scale, softcap,
         by_query_tile.counts, by_query_tile.indices, deterministic, split_tiles, split_chunks, dkv_split,
     )  # fmt: skip
