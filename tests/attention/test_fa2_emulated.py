@@ -226,10 +226,10 @@ def test_emulated_varlen_with_an_empty_document(backend: str, rng):
     ids=["fa3-d64", "fa3-d128-varlen", "fa3-d64-varlen-deterministic", "fa2-d64-varlen"],
 )
 def test_emulated_logsumexp_gradient(head_dim: int, varlen: bool, deterministic: bool, backend: str, rng):
-    """A loss on the logsumexp as well as the output (as a z-loss has): delta = rowsum(dO * O) - dlse, which fa3's
-    backward computes per query tile itself (the preprocessing pass only for the deterministic dQ pass, and fa2's).
-    Varlen: documents of 100, 90 and 70 rows, so that each document's last 64-row query tile reaches into the next
-    one (or past the tensor), whose rows must not count (that they are not read either, with NaN in them, is
+    """A loss on the logsumexp as well as the output (as a z-loss has): delta = rowsum(dO * O) - dlse, from the
+    preprocessing pass, through fa3's and fa2's backwards and the deterministic dQ pass. Varlen: documents of 100, 90
+    and 70 rows, so that each document's last 64-row query tile reaches into the next one (or past the tensor), whose
+    rows must not count (that they are not read either, with NaN in them, is
     test_emulated_varlen_documents_stay_apart's)."""
     kw = {"causal": True, "window_size": (80, 0), "deterministic": deterministic}
     if varlen:
