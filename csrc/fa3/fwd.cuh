@@ -36,12 +36,13 @@ struct FwdTraits {
   static constexpr int kBlockN = 128;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
   static constexpr int kConsumerThreads = 128 * kConsumers;
-  // Registers per thread: 24 for the producer, 240 for the consumers (128 x (24 + 2 x 240) = 64 512 of the SM's 65 536)
+  // Registers per thread: 24 for the producer, 240 for the consumers. setmaxnreg moves registers within the block,
+  // from the launch's share (65 536 / threads in steps of 8: 168): the consumers' increase waits until the
+  // producer's decrease has freed them, so a split past the share hangs (128 x 24 + 256 x 240 = 384 x 168)
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-  // setmaxnreg moves registers within the block: the consumers' increase waits until the producer's decrease has
-  // freed them, from the launch's share (65 536 / threads, in steps of 8), so that a split past it hangs
-  static_assert((65536 / kThreads / 8 * 8 - kProducerRegisters) * 128 >=
-                    (kConsumerRegisters - 65536 / kThreads / 8 * 8) * kConsumerThreads,
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static_assert((kLaunchRegisters - kProducerRegisters) * 128 >=
+                    (kConsumerRegisters - kLaunchRegisters) * kConsumerThreads,
                 "the consumers' registers must come from the producer's");
   static constexpr int kTileBytes = kBlockN * D * sizeof(T);  // one K or V tile
   // mbarriers: Q's, K's and V's full and empty, per buffer

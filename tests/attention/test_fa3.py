@@ -89,6 +89,7 @@ def test_dq_reductions_at_scale(head_dim: int, varlen: bool, rng):
     total, heads = sum(lens), 8
     q, k, v = base._qkv((total, heads, head_dim), (total, heads // 2, head_dim), torch.bfloat16)
     kw = {"causal": True, "window_size": (700, 0)}
+    grad = torch.randn((total, heads, head_dim), dtype=torch.bfloat16, device=q.device)
 
     def dq(deterministic: bool) -> torch.Tensor:
         if varlen:
@@ -99,7 +100,6 @@ def test_dq_reductions_at_scale(head_dim: int, varlen: bool, rng):
             out = flash_attn_func(q[None], k[None], v[None], **kw, deterministic=deterministic, backend="fa3")
         return torch.autograd.grad(out, q, grad.view_as(out))[0]
 
-    grad = torch.randn((total, heads, head_dim), dtype=torch.bfloat16, device=q.device)
     reference = dq(deterministic=True).float()
     tolerance = 1e-2 * reference.abs().max().item()
     for _ in range(5):
