@@ -159,8 +159,8 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
 // mask whose rows' last keys grow with the row (host.h's balanced_items: a window, no global tokens, layout or
 // documents), every part of its dQ comes from that key tile's item or an earlier one of the same document and key
 // head, so from the same round or an earlier one (blocks take items round by round, item i in round i /
-// gridDim.x). Each item is counted into its round once its reductions have completed (which the dQ warp checks one
-// tile into the next item, so that it never waits for the last one's); the producer's fourth
+// gridDim.x). The dQ warp counts each item into its round once its reductions have completed (checked one tile into
+// the next item, so that it never waits for the last one's); the producer's fourth
 // warp converts an item's tiles once every round up to its own is complete, and marks the item. finish_dq_kernel
 // converts the unmarked items' tiles after the kernel: the finisher never waits for another block, which may not be
 // resident (another kernel may hold processors), so the last rounds' items and those of a block running behind are
@@ -190,9 +190,9 @@ __device__ __forceinline__ TileRange owned_query_tiles(const Params& p, const Do
 }
 
 // Where the producer's fourth warp converts dQ: the block's items in its order, each handed over by the dQ warp
-// (item_full, item_empty) once its reductions have completed and counted here into its round; per item, the one of
-// kFinishLag rounds ago if its rounds are complete, and at the end the last ones that are. A tile goes 64 columns at
-// a time: two TMA boxes of float32 into sf32, T into sout by the warp, out by a TMA store.
+// (item_full, item_empty) once counted; per item, the one of kFinishLag rounds ago if its rounds are complete, and
+// at the end the last ones that are. A tile goes 64 columns at a time: two TMA boxes of float32 into sf32, T into
+// sout by the warp, out by a TMA store.
 template <typename Tr>
 __device__ void finish_dq(const BwdArgs& a, unsigned char* sf32, unsigned char* sout, uint64_t* loaded,
                           uint64_t* item_full, uint64_t* item_empty) {
@@ -202,7 +202,7 @@ __device__ void finish_dq(const BwdArgs& a, unsigned char* sf32, unsigned char* 
   const int items = a.key_blocks * a.documents * (p.heads / p.kv_group), blocks = gridDim.x;
   const int rounds = (items + blocks - 1) / blocks, lane = threadIdx.x % 32;
   int* converted = a.dq_sync;
-  int* counted = a.dq_sync + items;
+  const int* counted = a.dq_sync + items;
   int ready = 0, loads = 0;  // rounds [0, ready) are complete; phases of `loaded` so far
   const auto convert = [&](int i) {
     if (lane == 0) {
@@ -247,11 +247,8 @@ __device__ void finish_dq(const BwdArgs& a, unsigned char* sf32, unsigned char* 
   for (int i = blockIdx.x, t = 0; i < items + kLag * blocks; i += blocks) {
     if (i < items) {
       if (bwd_item<BN>(a, i).skipped) continue;  // the dQ warp skips it too
-      mbar_wait(item_full + t % 2, (t / 2) % 2);  // its reductions have completed
-      if (lane == 0) {
-        red_release_add(counted + i / blocks, 1);
-        mbar_arrive(item_empty + t % 2);
-      }
+      mbar_wait(item_full + t % 2, (t / 2) % 2);
+      if (lane == 0) mbar_arrive(item_empty + t % 2);
       ++t;
     }
     if (const int j = i - kLag * blocks; j >= static_cast<int>(blockIdx.x)) convert(j);
@@ -343,16 +340,15 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       return;
     }
     if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
-    // The dQ warp's lane 0 hands an item to the finisher as its t-th once its reductions have completed (bulk_wait
-    // before); the finisher counts it into its round (BwdArgs::dq_sync). The count's release would stall this warp,
-    // which the consumers wait for, on a memory barrier per item.
-    bool pending = false;  // an item whose hand-over waits for its reductions
-    int t = 0;
+    // The dQ warp's lane 0 counts an item into its round (BwdArgs::dq_sync) once its reductions have completed
+    // (bulk_wait before), and hands it to the finisher as its t-th
+    int counting = -1, t = 0;  // the round of the item whose count waits, if any
     const auto count_item = [&] {
-      fence_proxy_async_global();  // the reductions, before the hand-over's release (mbarrier arrivals are)
+      fence_proxy_async_global();
+      red_release_add(a.dq_sync + items + counting, 1);
       if (t >= 2) mbar_wait(item_empty + t % 2, (t / 2 - 1) % 2);
       mbar_arrive(item_full + t % 2);
-      pending = false;
+      counting = -1;
       ++t;
     };
     for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
@@ -363,17 +359,17 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       fa2::BwdWork& work = item.work;
       if (warp == 2) {
         add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk, [&] {
-          if (pending) {  // the last item's reductions have completed (not necessarily this first one's)
+          if (counting >= 0) {  // the last item's reductions have completed (not necessarily this first one's)
             bulk_wait<1>();
             count_item();
           }
         });
         if (a.dq_sync != nullptr && lane == 0) {
-          if (pending) {  // this item had no query tile, so no first reduction
+          if (counting >= 0) {  // this item had no query tile, so no first reduction
             bulk_wait<0>();
             count_item();
           }
-          pending = true;
+          counting = i / gridDim.x;
         }
         __syncwarp();
         continue;
@@ -408,7 +404,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         fa2::advance(p, work, b, hk, n_blk, chunk);
       }
     }
-    if (warp == 2 && lane == 0 && pending) {  // the block's last item
+    if (warp == 2 && lane == 0 && counting >= 0) {  // the block's last item
       bulk_wait<0>();
       count_item();
     }
