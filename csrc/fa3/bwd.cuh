@@ -68,19 +68,14 @@ struct BwdTraits {
   // The finisher converts the block's item of kFinishLag rounds ago, whose blocks have most likely all added their
   // parts by then: items of rounds not yet complete are left to finish_dq_kernel.
   static constexpr int kFinishLag = 2;
-  // Query stages (Q, dO, logsumexp and delta of one tile each): a stage freed at the end of tile t is refilled for
-  // tile t + kStages, so its copies have kStages - 1 tiles to land. Three at D = 64, where shared memory has room
-  // and a tile computes in half of D = 128's time; two at D = 128 (a third would not fit).
-  static constexpr int kStages = D == 64 ? 3 : 2;
   // mbarriers: K and V's copies (full) and release (empty); per stage, its copies' and its release; the finisher's
   // copy, and its two slots of items handed over by the dQ warp (full, empty)
-  static constexpr int kBarriers = 2 + 2 * kStages + 5;
-  // K, V; Q and dO per stage; dS^T twice; dQ; the finisher's buffers; logsumexp and delta per stage; the mbarriers;
-  // 1024 bytes to align to the swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that
-  // the next item's Q and dO may land in the query stages meanwhile.
-  static constexpr int kSmem = 2 * kKeyTileBytes + 2 * kStages * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
-                               kFinishBytes + 2 * kStages * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) +
-                               1024;
+  static constexpr int kBarriers = 11;
+  // K, V; Q and dO twice; dS^T twice; dQ; the finisher's buffers; logsumexp and delta twice; the mbarriers; 1024
+  // bytes to align to the swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the
+  // next item's Q and dO may land in the query stages meanwhile.
+  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes + kFinishBytes +
+                               4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
 };
 
@@ -294,33 +289,30 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   static_assert(D == 64 || D == 128, "the fa3 backward is instantiated for head dims 64 and 128");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a and the CPU emulation
   using Tr = BwdTraits<T, D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, kConsumerThreads = Tr::kConsumerThreads, kStages = Tr::kStages;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, kConsumerThreads = Tr::kConsumerThreads;
   const Params& p = a.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* sK = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BN, D), swizzled
   unsigned char* sV = sK + Tr::kKeyTileBytes;                      // (BN, D)
-  unsigned char* sQ0 = sV + Tr::kKeyTileBytes;                     // kStages x (BM, D)
-  unsigned char* sdO0 = sQ0 + kStages * Tr::kQueryTileBytes;       // kStages x (BM, D)
-  unsigned char* sdS0 = sdO0 + kStages * Tr::kQueryTileBytes;      // 2 x (BN, BM): dS^T; an item's dK at its end
+  unsigned char* sQ0 = sV + Tr::kKeyTileBytes;                     // 2 x (BM, D)
+  unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
+  unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T; an item's dK at its end
   unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled; an item's dV
   unsigned char* sFinish = sdQ + Tr::kDqBytes;                      // (BM, 64) float32, then T: finish_dq's
-  float* sLse0 = reinterpret_cast<float*>(sFinish + Tr::kFinishBytes);  // kStages x (BM) log2 domain
-  float* sDelta0 = sLse0 + kStages * BM;                             // kStages x (BM)
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + kStages * BM);
-  uint64_t *kv_full = bars, *kv_empty = bars + 1, *q_full = bars + 2, *q_empty = bars + 2 + kStages;  // per stage
-  uint64_t* finish_loaded = bars + 2 + 2 * kStages;  // finish_dq's
-  uint64_t *item_full = finish_loaded + 1, *item_empty = finish_loaded + 3;
+  float* sLse0 = reinterpret_cast<float*>(sFinish + Tr::kFinishBytes);  // 2 x (BM) log2 domain
+  float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
+  uint64_t *kv_full = bars, *kv_empty = bars + 1, *q_full = bars + 2, *q_empty = bars + 4;  // q_: per stage
+  uint64_t *finish_loaded = bars + 6, *item_full = bars + 7, *item_empty = bars + 9;  // finish_dq's
   const int items = a.key_blocks * a.documents * (p.heads / p.kv_group);
   const int lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
     mbar_init(kv_full);
     mbar_init(kv_empty, kConsumerThreads / 32);  // one arrival per consumer warp
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < 2; ++s) {
       mbar_init(q_full + s, 1 + 32);                      // the TMA thread's and the second warp's 32 lanes'
       mbar_init(q_empty + s, kConsumerThreads / 32);
-    }
-    for (int s = 0; s < 2; ++s) {
       mbar_init(item_full + s);
       mbar_init(item_empty + s);
     }
@@ -381,12 +373,12 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         tma_load_tile<BN, D>(sV, a.v, hk, doc.k_start + n_blk * BN, batch, kv_full);
       }
       ++n;
-      // One query tile of one head into its stage, once the consumers have freed it (kStages tiles ago). Q and dO: rows
+      // One query tile of one head into its stage, once the consumers have freed it (two tiles ago). Q and dO: rows
       // past the document hold the next one's or zeros (the tile is partial, its mask zeroes their P, the consumers
       // zero those rows); logsumexp and delta: zero-filled there.
       for (; work.g < p.kv_group; ++it) {
-        const int stage = it % kStages, h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
-        if (it >= kStages) mbar_wait(q_empty + stage, (it / kStages - 1) % 2);
+        const int stage = it % 2, h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
+        if (it >= 2) mbar_wait(q_empty + stage, (it / 2 - 1) % 2);
         if (warp == 0) {
           mbar_expect(q_full + stage, 2 * Tr::kQueryTileBytes);
           tma_load_tile<BM, D>(sQ0 + stage * Tr::kQueryTileBytes, a.q, h, row, batch, q_full + stage);
@@ -447,8 +439,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       zero_past_document(std::integral_constant<int, BN>{}, sK, sV, doc.lk - n_blk * BN);
     }
     for (; work.g < p.kv_group; ++it) {
-      const int stage = it % kStages;
-      mbar_wait(q_full + stage, (it / kStages) % 2);  // the stage's Q, dO, logsumexp and delta
+      const int stage = it % 2;
+      mbar_wait(q_full + stage, (it / 2) % 2);  // the stage's Q, dO, logsumexp and delta
       if (p.cu_seqlens_q != nullptr && (work.tile + 1) * BM > doc.lq) {
         zero_past_document(std::integral_constant<int, BM>{}, sQ0 + stage * Tr::kQueryTileBytes,
                            sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM);
@@ -546,12 +538,11 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         dk_grads();
       } else {  // dQ's MMAs before dK's, so that its store runs beside dK's MMAs
         // dS^T's buffer it % 2: the other consumer read the tile before it (it - 2) before it stored the last one's
-        const int ds_buf = it % 2;
-        store_swizzled<T, BN, BM>(sdS0 + ds_buf * Tr::kDsBytes, dpt, key0);
+        store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
         fence_proxy_async();
         named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
         float dq[1][kDqCols / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
-        const uint64_t ds = ds_desc + ds_buf * Tr::kDsBytes / 16;
+        const uint64_t ds = ds_desc + stage * Tr::kDsBytes / 16;
         const bool my_dq = !Tr::kDqTurns || it % 2 == wg;  // this consumer computes (its part of) the tile's dQ
         if (my_dq) {
           wgmma_fence();
