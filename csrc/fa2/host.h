@@ -255,8 +255,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
       }
       if (grid.x > 0) launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
       if (dq_finished) {  // the tiles of the items the kernel left
-        const dim3 finish_grid(static_cast<unsigned>(std::min<int64_t>(items, 8 * launch.processors())));
-        launch(fa3::finish_dq_kernel<T, kHeadDim>, finish_grid, 128, 0, args);
+        launch(fa3::finish_dq_kernel<T, kHeadDim>, dim3(static_cast<unsigned>(items)), 128, 0, args);
       }
 #endif
     } else {

@@ -126,15 +126,13 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
 // dQ (BM x D, float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees
 // sdQ once they have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked
 // to 0). At the item's end the warp meets the consumers at kDqFree once more (a sync, so that it never arrives a
-// phase ahead): sdQ then carries the item's dV out. Lane 0 calls first_added() once the first tile's reductions are
-// issued.
-template <typename Tr, typename Fn>
+// phase ahead): sdQ then carries the item's dV out.
+template <typename Tr>
 __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
-                                             const Document& doc, int b, int batch, int hk, int n_blk, int chunk,
-                                             Fn&& first_added) {
+                                             const Document& doc, int b, int batch, int hk, int n_blk, int chunk) {
   constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
   const Params& p = a.p;
-  for (bool first = true; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk), first = false) {
+  for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk)) {
     named_arrive(kDqFree, Tr::kDqThreads);
     named_sync(kDqStored, Tr::kDqThreads);
     if (threadIdx.x % 32 == 0) {
@@ -142,7 +140,6 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
 #pragma unroll
       for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128, 32 * c, h, row, batch);
       bulk_commit();
-      if (first) first_added();
       bulk_wait_read<0>();  // the reductions have read sdQ
     }
     __syncwarp();
@@ -154,8 +151,7 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
 // mask whose rows' last keys grow with the row (host.h's balanced_items: a window, no global tokens, layout or
 // documents), every part of its dQ comes from that key tile's item or an earlier one of the same document and key
 // head, so from the same round or an earlier one (blocks take items round by round, item i in round i /
-// gridDim.x). The dQ warp counts each item into its round once its reductions have completed (checked one tile into
-// the next item, so that it never waits for the last one's); the producer's fourth
+// gridDim.x). The dQ warp counts each item into its round once its reductions have completed; the producer's fourth
 // warp converts an item's tiles once every round up to its own is complete, and marks the item. finish_dq_kernel
 // converts the unmarked items' tiles after the kernel: the finisher never waits for another block, which may not be
 // resident (another kernel may hold processors), so the last rounds' items and those of a block running behind are
@@ -251,36 +247,28 @@ __device__ void finish_dq(const BwdArgs& a, unsigned char* sf32, unsigned char* 
   if (lane == 0) bulk_wait_read<0>();  // the stores have read sout before the block ends
 }
 
-// Item i's tiles, converted from dq_accum into dQ (p.dq) by the block's threads: four columns a load.
+// After bwd_kernel with dq_sync, one block per item: the tiles of the items the finisher did not mark, converted
+// from dq_accum into dQ (p.dq) by the threads' loads and stores.
 template <typename T, int D>
-__device__ __forceinline__ void finish_dq_item(const BwdArgs& a, int i) {
+__global__ void finish_dq_kernel(const __grid_constant__ BwdArgs a) {
   using Tr = BwdTraits<T, D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
   const Params& p = a.p;
-  const BwdItem item = bwd_item<BN>(a, i);
+  if (a.dq_sync[blockIdx.x] != 0) return;
+  const BwdItem item = bwd_item<BN>(a, blockIdx.x);
   const TileRange own = owned_query_tiles<BM, BN>(p, item.doc, item.n_blk);
   const int rows = min(own.end * BM, item.doc.lq) - own.first * BM;
-  struct alignas(8) Four {
-    uint32_t x[2];
-  };
   for (int g = 0; g < p.kv_group; ++g) {
     const int h = item.hk * p.kv_group + g;
-    for (int e = threadIdx.x; e < rows * (D / 4); e += blockDim.x) {
+    for (int e = threadIdx.x; e < rows * (D / 4); e += blockDim.x) {  // four columns at a time
       const int row = own.first * BM + e / (D / 4), col = 4 * (e % (D / 4));
       const float* x = fa2::row_ptr<const float>(p.dq_accum, item.b, item.doc.q_start, row, h) + col;
       T* y = fa2::row_ptr<T>(p.dq, item.b, item.doc.q_start, row, h) + col;
+      struct alignas(8) Four {
+        uint32_t x[2];
+      };
       *reinterpret_cast<Four*>(y) = Four{{pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3])}};
     }
-  }
-}
-
-// After bwd_kernel with dq_sync: the tiles of the items the finisher did not mark, a block taking every gridDim.x-th
-// item (most of them marked).
-template <typename T, int D>
-__global__ void finish_dq_kernel(const __grid_constant__ BwdArgs a) {
-  const int items = a.key_blocks * a.documents * (a.p.heads / a.p.kv_group);
-  for (int i = blockIdx.x; i < items; i += gridDim.x) {
-    if (a.dq_sync[i] == 0) finish_dq_item<T, D>(a, i);
   }
 }
 
@@ -332,37 +320,22 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       return;
     }
     if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
-    // The dQ warp's lane 0 counts an item into its round (BwdArgs::dq_sync) once its reductions have completed
-    // (bulk_wait before), and hands it to the finisher as its t-th
-    int counting = -1, t = 0;  // the round of the item whose count waits, if any
-    const auto count_item = [&] {
-      fence_proxy_async_global();
-      red_release_add(a.dq_sync + items + counting, 1);
-      if (t >= 2) mbar_wait(item_empty + t % 2, (t / 2 - 1) % 2);
-      mbar_arrive(item_full + t % 2);
-      counting = -1;
-      ++t;
-    };
-    for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
+    for (int i = blockIdx.x, n = 0, it = 0, t = 0; i < items; i += gridDim.x) {
       BwdItem item = bwd_item<BN>(a, i);
       if (item.skipped) continue;
       const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk, batch = item.batch;
       const Document& doc = item.doc;
       fa2::BwdWork& work = item.work;
       if (warp == 2) {
-        add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk, [&] {
-          if (counting >= 0) {  // the last item's reductions have completed (not necessarily this first one's)
-            bulk_wait<1>();
-            count_item();
-          }
-        });
-        if (a.dq_sync != nullptr && lane == 0) {
-          if (counting >= 0) {  // this item had no query tile, so no first reduction
-            bulk_wait<0>();
-            count_item();
-          }
-          counting = i / gridDim.x;
+        add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk);
+        if (a.dq_sync != nullptr && lane == 0) {  // count the item into its round, and hand it to the finisher
+          bulk_wait<0>();
+          fence_proxy_async_global();
+          red_release_add(a.dq_sync + items + i / gridDim.x, 1);
+          if (t >= 2) mbar_wait(item_empty + t % 2, (t / 2 - 1) % 2);
+          mbar_arrive(item_full + t % 2);
         }
+        ++t;
         __syncwarp();
         continue;
       }
@@ -395,10 +368,6 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         }
         fa2::advance(p, work, b, hk, n_blk, chunk);
       }
-    }
-    if (warp == 2 && lane == 0 && counting >= 0) {  // the block's last item
-      bulk_wait<0>();
-      count_item();
     }
     return;
   }
