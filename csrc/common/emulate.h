@@ -425,16 +425,6 @@ inline bool __any_sync(unsigned, bool predicate) {
   return any;
 }
 
-inline int __shfl_sync(unsigned, int x, int src_lane) {
-  using namespace legalpt::emu;
-  WarpScratch& s = warp_scratch();
-  s.regs[lane()][0] = static_cast<uint32_t>(x);
-  warp_sync();
-  const int y = static_cast<int>(s.regs[src_lane][0]);
-  warp_sync();
-  return y;
-}
-
 inline float __shfl_xor_sync(unsigned, float x, int mask) {
   using namespace legalpt::emu;
   WarpScratch& s = warp_scratch();

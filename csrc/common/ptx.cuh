@@ -92,17 +92,6 @@ __device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
 #endif
 }
 
-// Word order between blocks (gpu scope): an add that publishes this thread's earlier writes (release), and a read
-// after which this thread sees what the adder published (acquire).
-__device__ __forceinline__ void red_release_add(int* p, int x) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(x) : "memory");
-}
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int x;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(x) : "l"(p) : "memory");
-  return x;
-}
-
 #else  // LEGALPT_EMULATE: the same instructions on the CPU (csrc/common/emulate.h)
 inline void cp_async16(void* dst, const void* src, bool valid) { emu::async_copy(dst, valid ? src : nullptr, 16); }
 inline void cp_async4(void* dst, const void* src, bool valid) { emu::async_copy(dst, valid ? src : nullptr, 4); }
@@ -185,9 +174,6 @@ inline void atomic_add2(float* dst, float a, float b) {  // fibers never interle
   dst[0] += a;
   dst[1] += b;
 }
-// Blocks run one after another: an earlier block's writes are all there
-inline void red_release_add(int* p, int x) { *p += x; }
-inline int ld_acquire(const int* p) { return *p; }
 #endif
 
 __device__ __forceinline__ float quad_max(float x) {

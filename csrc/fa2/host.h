@@ -197,8 +197,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
 // The backward: fa2's kernel, or with kFa3 the Hopper one (csrc/fa3) where the build has it; both over 128-key tiles.
 template <typename Launch, bool kFa3 = false>
 void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-              const at::Tensor& lse_log2, const at::Tensor& delta, at::Tensor& dq_accum, at::Tensor& dq, at::Tensor& dk,
-              at::Tensor& dv,
+              const at::Tensor& lse_log2, const at::Tensor& delta, at::Tensor& dq_accum, at::Tensor& dk, at::Tensor& dv,
               const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
               int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
               const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale, double softcap,
@@ -213,7 +212,6 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   p.lse_log2 = lse_log2.data_ptr<float>();
   p.delta = delta.data_ptr<float>();
   p.dq_accum = view(dq_accum);
-  p.dq = view(dq);
   p.dk = view(dk);
   p.dv = view(dv);
   p.split_tiles = static_cast<int>(split_tiles);
@@ -221,7 +219,6 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   p.dkv_split = view(dkv_split);
   constexpr int kKeys = BwdTraits<__half, kHeadDim>::kBlockN;
   const int key_blocks = (max_k + kKeys - 1) / kKeys + p.split_tiles * (p.split_chunks - 1);
-  bool dq_finished = false;  // by the fa3 kernel (finish_dq) and finish_dq_kernel, else converted below
   dispatch(q, p, [&](auto tag, auto general) {
     using T = typename decltype(tag)::type;
     constexpr bool kGeneral = decltype(general)::value;
@@ -229,34 +226,21 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
 #ifdef LEGALPT_WITH_FA3
       using Tr = fa3::BwdTraits<T, kHeadDim>;
       static_assert(Tr::kBlockN == kKeys, "split_dkv_kernel and the grid assume fa2's key tiles");
-      fa3::BwdArgs args{p,
-                        tensor_map(q, Tr::kBlockM),
-                        tensor_map(dout, Tr::kBlockM),
-                        tensor_map(k, Tr::kBlockN),
-                        tensor_map(v, Tr::kBlockN),
-                        tensor_map(dk, Tr::kBlockN),
-                        tensor_map(dv, Tr::kBlockN),
-                        tensor_map(dq_accum, Tr::kBlockM),
-                        tensor_map(dq, Tr::kBlockM),
-                        key_blocks,
-                        documents(q, cu_q),
-                        nullptr};
+      const fa3::BwdArgs args{p,
+                              tensor_map(q, Tr::kBlockM),
+                              tensor_map(dout, Tr::kBlockM),
+                              tensor_map(k, Tr::kBlockN),
+                              tensor_map(v, Tr::kBlockN),
+                              tensor_map(dk, Tr::kBlockN),
+                              tensor_map(dv, Tr::kBlockN),
+                              tensor_map(dq_accum, Tr::kBlockM),
+                              key_blocks,
+                              documents(q, cu_q)};
       // Persistent where the key tiles cost alike: the next item's K, V, Q and dO load while this one's last tile
-      // and its dK, dV store run. There the kernel also finishes dQ (fa3::finish_dq): the blocks take items round by
-      // round and every query tile's parts come from key tiles up to the last that may reach it.
-      const int64_t items = int64_t{key_blocks} * args.documents * k.size(-2);
-      const bool balanced = balanced_items(p, cu_q.has_value());
-      const dim3 grid = item_grid(launch, items, balanced, "backward");
-      at::Tensor dq_sync;  // a flag per item, then a count per round (BwdArgs::dq_sync)
-      dq_finished = balanced && !deterministic && grid.x > 0;
-      if (dq_finished) {
-        dq_sync = at::zeros({items + (items + grid.x - 1) / grid.x}, q.options().dtype(at::kInt));
-        args.dq_sync = dq_sync.data_ptr<int>();
-      }
+      // and its dK, dV store run
+      const dim3 grid = item_grid(launch, int64_t{key_blocks} * args.documents * k.size(-2),
+                                  balanced_items(p, cu_q.has_value()), "backward");
       if (grid.x > 0) launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
-      if (dq_finished) {  // the tiles of the items the kernel left
-        launch(fa3::finish_dq_kernel<T, kHeadDim>, dim3(static_cast<unsigned>(items)), 128, 0, args);
-      }
 #endif
     } else {
       using Tr = BwdTraits<T, kHeadDim>;
@@ -267,10 +251,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
       launch(split_dkv_kernel<T, kHeadDim>, dim3(p.split_tiles * kKeys, documents(q, cu_q)), 256, 0, p);
     }
   });
-  if (!deterministic) {
-    if (!dq_finished) dq.copy_(dq_accum);
-    return;
-  }
+  if (!deterministic) return;
   // dQ over the forward schedule (dq_counts, dq_indices: the forward's tiles)
   Params pq = common_params(q, k, v, lse_log2, cu_q, cu_k, max_q, max_k, dq_counts, dq_indices, layout, mask,
                             scale, softcap);
@@ -285,7 +266,6 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
     using Tr = DqTraits<T, kHeadDim>;
     launch(dq_kernel<T, kHeadDim, decltype(general)::value>, dq_grid, Tr::kThreads, Tr::kSmem, pq);
   });
-  dq.copy_(dq_accum);
 }
 
 template <typename Launch>

@@ -36,7 +36,6 @@ struct Params {
   Schedule schedule;
   // backward only
   Tensor4 dq_accum;          // float32, like q
-  Tensor4 dq;                // like q: dQ, where the fa3 backward finishes it (csrc/fa3/bwd.cuh, finish_dq)
   Tensor4 dk, dv;            // like k, v
   const float* lse_log2;     // lse * log2(e), +inf where a row sees no key (P = 0 there, not NaN); like lse
   const float* delta;        // rowsum(dO * O) - dlse, laid out like lse

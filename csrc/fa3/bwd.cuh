@@ -21,10 +21,6 @@
 // one barrier per tile suffices). dQ leaves as FA3's does: the consumers put their float32 parts into a swizzled
 // tile in shared memory and the producer's third warp adds the tile into dq_accum by TMA reductions, so that the
 // consumers issue no atomics.
-//
-// Where the host asks for it (BwdArgs::dq_sync: persistent blocks over a sliding window), the producer's fourth
-// warp also finishes dQ: it converts a query tile's float32 sum in dq_accum to dQ once every block has added its
-// part, so that no pass over dq_accum follows the kernel for those tiles (finish_dq below).
 #pragma once
 
 #include <type_traits>
@@ -38,7 +34,6 @@ namespace legalpt::fa3 {
 
 template <typename T, int D>
 struct BwdTraits {
-  using Element = T;
   static constexpr int kHeadDim = D;
   // Query rows per visited tile: the N of S^T's and dP^T's wgmma. 64: at D = 128 dK and dV take 64 x 128 each beside
   // S^T and dP^T (64 x 64); at D = 64, 128 rows (S^T, dP^T 64 x 128) spill at the consumers' 240 registers.
@@ -62,19 +57,12 @@ struct BwdTraits {
   // dP^T are computed, not after the waits, where their latency was the first P^T's and dS^T's (ncu at d64). At
   // D = 128, where dK and dV take 64 x 128 each, those 32 registers spill.
   static constexpr bool kStatsEarly = D == 64;
-  // The dQ finisher's buffers (finish_dq): 64 of dQ's columns of a query tile as float32 (two TMA boxes) and as T
-  static constexpr int kFinishF32Bytes = kBlockM * 64 * sizeof(float);
-  static constexpr int kFinishBytes = kFinishF32Bytes + kBlockM * 64 * sizeof(T);
-  // The finisher converts the block's item of kFinishLag rounds ago, whose blocks have most likely all added their
-  // parts by then: items of rounds not yet complete are left to finish_dq_kernel.
-  static constexpr int kFinishLag = 2;
-  // mbarriers: K and V's copies (full) and release (empty); per stage, its copies' and its release; the finisher's
-  // copy, and its two slots of items handed over by the dQ warp (full, empty)
-  static constexpr int kBarriers = 11;
-  // K, V; Q and dO twice; dS^T twice; dQ; the finisher's buffers; logsumexp and delta twice; the mbarriers; 1024
-  // bytes to align to the swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the
-  // next item's Q and dO may land in the query stages meanwhile.
-  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes + kFinishBytes +
+  // mbarriers: K and V's copies (full) and release (empty); per stage, its copies' and its release
+  static constexpr int kBarriers = 6;
+  // K, V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
+  // swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next item's Q and dO
+  // may land in the query stages meanwhile.
+  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
                                4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
 };
@@ -85,12 +73,8 @@ struct BwdArgs {
   Params p;
   TensorMap q, dout, k, v;
   TensorMap dk, dv;  // stores of whole key tiles (boxes of kBlockN rows)
-  TensorMap dq;      // reductions into dq_accum (float32, boxes of kBlockM rows), and the finisher's copies
-  TensorMap dq_out;  // the finisher's stores of dQ (T, boxes of kBlockM rows), where dq_sync is set
+  TensorMap dq;      // reductions into dq_accum (float32, boxes of kBlockM rows)
   int key_blocks, documents;  // items: key_blocks (split parts first) x documents x key heads
-  // nullptr, or the kernel finishes dQ (finish_dq): int32, a flag per item (its query tiles converted), then a count
-  // per round of gridDim.x items (those whose dQ reductions have completed); zeroed by the host
-  int* dq_sync;
 };
 
 // Item i: a key tile, or a split key tile's part (fa2::bwd_kernel's blockIdx.x), of one document and key head; a
@@ -147,131 +131,6 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
   named_sync(kDqFree, Tr::kDqThreads);
 }
 
-// Finishing dQ in the kernel (BwdArgs::dq_sync). A query tile belongs to the last key tile that may reach it: under a
-// mask whose rows' last keys grow with the row (host.h's balanced_items: a window, no global tokens, layout or
-// documents), every part of its dQ comes from that key tile's item or an earlier one of the same document and key
-// head, so from the same round or an earlier one (blocks take items round by round, item i in round i /
-// gridDim.x). The dQ warp counts each item into its round once its reductions have completed; the producer's fourth
-// warp converts an item's tiles once every round up to its own is complete, and marks the item. finish_dq_kernel
-// converts the unmarked items' tiles after the kernel: the finisher never waits for another block, which may not be
-// resident (another kernel may hold processors), so the last rounds' items and those of a block running behind are
-// its.
-struct TileRange {
-  int first, end;
-};
-// The query tiles [first, end) that key tile n_blk owns: from the first whose last row sees a key of that tile or a
-// later one, to the first that the next tile reaches. Tiles no key reaches belong to key tile 0, and the last key
-// tile takes every tile after its first.
-template <int BM, int BN>
-__device__ __forceinline__ TileRange owned_query_tiles(const Params& p, const Document& doc, int n_blk) {
-  const int m_tiles = (doc.lq + BM - 1) / BM, n_tiles = (doc.lk + BN - 1) / BN;
-  const auto first_reaching = [&](int n) {  // a binary search: the rows' last keys grow with the row
-    int lo = 0, hi = m_tiles;
-    while (n > 0 && lo < hi) {
-      const int mid = (lo + hi) / 2, row = min(mid * BM + BM - 1, doc.lq - 1);
-      if (row_mask(p.mask, row, doc.lq, doc.lk).hi >= n * BN) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
-    return lo;
-  };
-  return {first_reaching(n_blk), n_blk + 1 >= n_tiles ? m_tiles : first_reaching(n_blk + 1)};
-}
-
-// Where the producer's fourth warp converts dQ: the block's items in its order, each handed over by the dQ warp
-// (item_full, item_empty) once counted; per item, the one of kFinishLag rounds ago if its rounds are complete, and
-// at the end the last ones that are. A tile goes 64 columns at a time: two TMA boxes of float32 into sf32, T into
-// sout by the warp, out by a TMA store.
-template <typename Tr>
-__device__ void finish_dq(const BwdArgs& a, unsigned char* sf32, unsigned char* sout, uint64_t* loaded,
-                          uint64_t* item_full, uint64_t* item_empty) {
-  using T = typename Tr::Element;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, D = Tr::kHeadDim, kLag = Tr::kFinishLag;
-  const Params& p = a.p;
-  const int items = a.key_blocks * a.documents * (p.heads / p.kv_group), blocks = gridDim.x;
-  const int rounds = (items + blocks - 1) / blocks, lane = threadIdx.x % 32;
-  int* converted = a.dq_sync;
-  const int* counted = a.dq_sync + items;
-  int ready = 0, loads = 0;  // rounds [0, ready) are complete; phases of `loaded` so far
-  const auto convert = [&](int i) {
-    if (lane == 0) {
-      while (ready < rounds && ld_acquire(counted + ready) == min(blocks, items - ready * blocks)) ++ready;
-      fence_proxy_async_global();  // the copies below see the reductions the counts published
-    }
-    if (__shfl_sync(0xffffffffu, ready, 0) <= i / blocks) return;  // finish_dq_kernel's
-    const BwdItem item = bwd_item<BN>(a, i);
-    const TileRange own = owned_query_tiles<BM, BN>(p, item.doc, item.n_blk);
-    for (int g = 0; g < p.kv_group; ++g)
-      for (int m = own.first; m < own.end; ++m)
-#pragma unroll
-        for (int col = 0; col < D; col += 64) {
-          const int h = item.hk * p.kv_group + g, row = item.doc.q_start + m * BM;
-          if (lane == 0) {
-            mbar_expect(loaded, Tr::kFinishF32Bytes);
-            tma_load(sf32, a.dq, col, h, row, item.batch, loaded);
-            tma_load(sf32 + BM * 128, a.dq, col + 32, h, row, item.batch, loaded);
-          }
-          mbar_wait(loaded, loads++ % 2);
-          if (lane == 0) bulk_wait_read<0>();  // the last store has read sout
-          __syncwarp();
-          struct alignas(16) Chunk {
-            uint32_t x[4];
-          };
-          for (int e = lane; e < BM * 8; e += 32) {  // 16 bytes of T: 8 columns, two float32 chunks
-            const int r = e / 8, c = e % 8;
-            const float* x = reinterpret_cast<const float*>(sf32 + swizzled<BM>(r, 2 * c));
-            const float* y = reinterpret_cast<const float*>(sf32 + swizzled<BM>(r, 2 * c + 1));
-            *reinterpret_cast<Chunk*>(sout + swizzled<BM>(r, c)) =
-                Chunk{{pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(y[0], y[1]), pack2<T>(y[2], y[3])}};
-          }
-          fence_proxy_async();  // sout's writes and sf32's reads, against the TMA store and the next copy
-          __syncwarp();
-          if (lane == 0) {
-            tma_store(a.dq_out, sout, col, h, row, item.batch);
-            bulk_commit();
-          }
-        }
-    if (lane == 0) converted[i] = 1;
-  };
-  for (int i = blockIdx.x, t = 0; i < items + kLag * blocks; i += blocks) {
-    if (i < items) {
-      if (bwd_item<BN>(a, i).skipped) continue;  // the dQ warp skips it too
-      mbar_wait(item_full + t % 2, (t / 2) % 2);
-      if (lane == 0) mbar_arrive(item_empty + t % 2);
-      ++t;
-    }
-    if (const int j = i - kLag * blocks; j >= static_cast<int>(blockIdx.x)) convert(j);
-  }
-  if (lane == 0) bulk_wait_read<0>();  // the stores have read sout before the block ends
-}
-
-// After bwd_kernel with dq_sync, one block per item: the tiles of the items the finisher did not mark, converted
-// from dq_accum into dQ (p.dq) by the threads' loads and stores.
-template <typename T, int D>
-__global__ void finish_dq_kernel(const __grid_constant__ BwdArgs a) {
-  using Tr = BwdTraits<T, D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN;
-  const Params& p = a.p;
-  if (a.dq_sync[blockIdx.x] != 0) return;
-  const BwdItem item = bwd_item<BN>(a, blockIdx.x);
-  const TileRange own = owned_query_tiles<BM, BN>(p, item.doc, item.n_blk);
-  const int rows = min(own.end * BM, item.doc.lq) - own.first * BM;
-  for (int g = 0; g < p.kv_group; ++g) {
-    const int h = item.hk * p.kv_group + g;
-    for (int e = threadIdx.x; e < rows * (D / 4); e += blockDim.x) {  // four columns at a time
-      const int row = own.first * BM + e / (D / 4), col = 4 * (e % (D / 4));
-      const float* x = fa2::row_ptr<const float>(p.dq_accum, item.b, item.doc.q_start, row, h) + col;
-      T* y = fa2::row_ptr<T>(p.dq, item.b, item.doc.q_start, row, h) + col;
-      struct alignas(8) Four {
-        uint32_t x[2];
-      };
-      *reinterpret_cast<Four*>(y) = Four{{pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3])}};
-    }
-  }
-}
-
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
 __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
   static_assert(D == 64 || D == 128, "the fa3 backward is instantiated for head dims 64 and 128");
@@ -286,12 +145,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
   unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T; an item's dK at its end
   unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled; an item's dV
-  unsigned char* sFinish = sdQ + Tr::kDqBytes;                      // (BM, 64) float32, then T: finish_dq's
-  float* sLse0 = reinterpret_cast<float*>(sFinish + Tr::kFinishBytes);  // 2 x (BM) log2 domain
+  float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);       // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
   uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
   uint64_t *kv_full = bars, *kv_empty = bars + 1, *q_full = bars + 2, *q_empty = bars + 4;  // q_: per stage
-  uint64_t *finish_loaded = bars + 6, *item_full = bars + 7, *item_empty = bars + 9;  // finish_dq's
   const int items = a.key_blocks * a.documents * (p.heads / p.kv_group);
   const int lane = threadIdx.x % 32;
 
@@ -301,10 +158,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     for (int s = 0; s < 2; ++s) {
       mbar_init(q_full + s, 1 + 32);                      // the TMA thread's and the second warp's 32 lanes'
       mbar_init(q_empty + s, kConsumerThreads / 32);
-      mbar_init(item_full + s);
-      mbar_init(item_empty + s);
     }
-    mbar_init(finish_loaded);
     mbar_fence_init();
   }
   __syncthreads();  // the barriers are initialized; the warpgroups part here
@@ -313,14 +167,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   // whose key tile starts past its document's end is skipped by all; one that no query sees still stores zeros.
 
   if (threadIdx.x < 128) {  // the producer: thread 0 issues the TMA copies, warp 1 the logsumexp's and delta's,
-    registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum, warp 3 finishes it (dq_sync)
+    registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum
     const int warp = threadIdx.x / 32;
-    if (warp == 3 && a.dq_sync != nullptr) {
-      finish_dq<Tr>(a, sFinish, sFinish + Tr::kFinishF32Bytes, finish_loaded, item_full, item_empty);
-      return;
-    }
     if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
-    for (int i = blockIdx.x, n = 0, it = 0, t = 0; i < items; i += gridDim.x) {
+    for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
       BwdItem item = bwd_item<BN>(a, i);
       if (item.skipped) continue;
       const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk, batch = item.batch;
@@ -328,15 +178,6 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       fa2::BwdWork& work = item.work;
       if (warp == 2) {
         add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk);
-        if (a.dq_sync != nullptr && lane == 0) {  // count the item into its round, and hand it to the finisher
-          bulk_wait<0>();
-          fence_proxy_async_global();
-          red_release_add(a.dq_sync + items + i / gridDim.x, 1);
-          if (t >= 2) mbar_wait(item_empty + t % 2, (t / 2 - 1) % 2);
-          mbar_arrive(item_full + t % 2);
-        }
-        ++t;
-        __syncwarp();
         continue;
       }
       if (warp == 0) {  // K and V once the last item's MMAs are done with them

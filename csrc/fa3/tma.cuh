@@ -96,18 +96,6 @@ template <int N>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
-// Until at most N of this thread's bulk groups are incomplete: the rest's writes to global memory are done and
-// visible to this thread, which may then publish them (fence_proxy_async_global, then a release).
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Orders this thread's global memory accesses through TMA (the async proxy) with its plain ones, both ways: after
-// bulk_wait, before a release that publishes the bulk writes; after an acquire, before a TMA copy that must see
-// what it published.
-__device__ __forceinline__ void fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
 
 // The map of a tensor as {D, heads, rows, batches} (strides in elements between heads, rows and batches, D
 // contiguous; all multiples of 16 bytes and the start 16-byte aligned, as fa2.py's _kernel_layout and host.h's
@@ -235,11 +223,6 @@ template <int N>
 inline void bulk_wait_read() {
   emu::bulk_wait(N);
 }
-template <int N>
-inline void bulk_wait() {
-  emu::bulk_wait(N);
-}
-inline void fence_proxy_async_global() {}
 #endif
 
 // A whole swizzled (ROWS, D) tile, its D / 64 panels of ROWS lines one box each: rows [row, row + ROWS) of head
