@@ -77,9 +77,8 @@ FA3_CASES = {
     ),
     # bottom-right causal: the first 140 rows see no key, so no key tile visits query tiles 0 and 1
     "fa3-causal-unvisited-query-tiles-d64": (64, torch.bfloat16, (200, 60), (2, 1), {"causal": True}),
-    # persistent windows, where the kernel finishes dQ: a query tile belongs to the last key tile that may reach it.
-    # Unequal: key tile 0 reaches query tile 0 and owns none, tile 1 owns query tile 0, tile 2 the rest. Rows without
-    # keys: the first 130 rows see none, and key tile 0 owns query tiles 0-3 (two of them without keys)
+    # persistent windows at unequal lengths: a non-causal window (key tile 0 reaches query tile 0 alone), and a causal
+    # one whose first 130 rows see no key (query tiles 0 and 1 get dQ from no key tile)
     "fa3-window-d64-persistent-unequal": (64, torch.bfloat16, (200, 330), (2, 1), {"window_size": (60, 40)}),
     "fa3-window-d128-persistent-rows-without-keys": (
         128, torch.float16, (330, 200), (2, 2), {"causal": True, "window_size": (80, 0)},
