@@ -90,11 +90,11 @@ def test_dq_reductions_at_scale(head_dim: int, varlen: bool, rng):
     q, k, v = base._qkv((total, heads, head_dim), (total, heads // 2, head_dim), torch.bfloat16)
     kw = {"causal": True, "window_size": (700, 0)}
     grad = torch.randn((total, heads, head_dim), dtype=torch.bfloat16, device=q.device)
+    cu = base._cu(lens)
 
     def dq(deterministic: bool) -> torch.Tensor:
         if varlen:
-            cu, longest = base._cu(lens), max(lens)
-            args = (q, k, v, cu, cu, longest, longest)
+            args = (q, k, v, cu, cu, max(lens), max(lens))
             out = flash_attn_varlen_func(*args, **kw, deterministic=deterministic, backend="fa3")
         else:
             out = flash_attn_func(q[None], k[None], v[None], **kw, deterministic=deterministic, backend="fa3")
