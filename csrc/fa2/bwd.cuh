@@ -619,8 +619,11 @@ __global__ void __launch_bounds__(DqTraits<T, D>::kThreads, 1) dq_kernel(const _
 // <= 32), float32 sums. With kVec = 8 each lane reads 16-byte chunks, kChunks of them (of O and of dO) issued before
 // the first product, so that a row takes one round trip to memory and a lane has 64 bytes in flight (a loop of 2-byte
 // reads made this pass latency-bound; one chunk per lane left it at 2.6 TB/s); kVec = 1 serves unaligned rows.
-// Pairs are taken head by head, so that neighbouring lanes write neighbouring words of logsumexp and delta (laid
-// out head-major) instead of words a sequence apart.
+// Pairs are taken in tiles of kPrepRows rows by every head, head by head within a tile: neighbouring lanes write
+// neighbouring words of logsumexp and delta (laid out head-major), and the blocks at work at once read a few
+// contiguous megabytes of O and dO (whole rows of every head) instead of one head's 128 bytes of every row, a
+// memory page each.
+constexpr int kPrepRows = 32;
 struct PrepArgs {
   Tensor4 out, dout;         // the forward's output and its gradient (unpadded head dim)
   const float* lse;          // (B, H, Sq) or (H, total_q)
@@ -645,8 +648,10 @@ template <typename T, int kVec, int kChunks>
 __global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
   const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / a.group;
   const int member = threadIdx.x % a.group;
-  const bool valid = pair < static_cast<int64_t>(a.rows) * a.heads;  // a warp's lanes all reach the shuffles
-  const int h = static_cast<int>(pair / a.rows), row = static_cast<int>(pair % a.rows);
+  const int64_t tile = pair / (kPrepRows * a.heads), in_tile = pair % (kPrepRows * a.heads);
+  const int h = static_cast<int>(in_tile / kPrepRows);
+  const int row = static_cast<int>(tile * kPrepRows + in_tile % kPrepRows);
+  const bool valid = row < a.rows;  // a warp's lanes all reach the shuffles
   const int b = a.seqlen_q > 0 ? row / a.seqlen_q : 0, i = a.seqlen_q > 0 ? row % a.seqlen_q : row;
   const int64_t at = b * a.lse_batch_stride + h * a.lse_head_stride + i;
   // The row's logsumexp (and dlse) read before O and dO, so that both reads are in flight at once: read after the

@@ -297,7 +297,8 @@ void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& ls
   a.group = 32;
   while (vec && a.group > 1 && a.group / 2 * 8 * kChunks >= a.head_dim) a.group /= 2;  // the fewest lanes for that
   constexpr int kThreads = 256;
-  const int64_t blocks = (static_cast<int64_t>(a.rows) * a.heads * a.group + kThreads - 1) / kThreads;
+  const int64_t pairs = (static_cast<int64_t>(a.rows) + kPrepRows - 1) / kPrepRows * kPrepRows * a.heads;
+  const int64_t blocks = (pairs * a.group + kThreads - 1) / kThreads;
   if (blocks == 0) return;
   const dim3 grid(static_cast<unsigned>(blocks));
   by_type(out, [&](auto tag) {
