@@ -57,9 +57,6 @@ struct BwdTraits {
   // dP^T are computed, not after the waits, where their latency was the first P^T's and dS^T's (ncu at d64). At
   // D = 128, where dK and dV take 64 x 128 each, those 32 registers spill.
   static constexpr bool kStatsEarly = D == 64;
-  // A consumer whose 64 keys no query of the tile sees skips the tile's MMAs (`idle` in bwd_kernel). At D = 128 the
-  // branch made ptxas spill 348 bytes in the plain kernel (20 without it).
-  static constexpr bool kIdleCorners = D == 64;
   // mbarriers: K and V's copies (full) and release (empty); per stage, its copies' and its release
   static constexpr int kBarriers = 6;
   // K, V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
@@ -263,96 +260,80 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       const uint64_t q_desc = descriptor(sq), do_desc = descriptor(sdo);  // K-major: B of S^T and dP^T
       const uint64_t q_desc_n = descriptor(sq, BM * 128), do_desc_n = descriptor(sdo, BM * 128);  // N-major: of dK, dV
 
+      float st[BM / 8][4], dpt[BM / 8][4];  // S^T and dP^T: rows key0 + lane / 4 (+8), queries 8 n + 2 (lane % 4) (+1)
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {  // 16 columns of D are 32 bytes of a line; 64 columns a panel
+        const int at = (kk % 4) * 32;
+        wgmma_ss<T, BM>(st, k_desc + ((kk / 4) * BN * 128 + at) / 16, q_desc + ((kk / 4) * BM * 128 + at) / 16, kk > 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int at = (kk % 4) * 32;
+        wgmma_ss<T, BM>(dpt, v_desc + ((kk / 4) * BN * 128 + at) / 16, do_desc + ((kk / 4) * BM * 128 + at) / 16,
+                        kk > 0);
+      }
+      wgmma_commit();
+      const float* lse = sLse0 + stage * BM;
+      const float* delta = sDelta0 + stage * BM;
+      auto query = [&](int n, int c) { return 8 * n + 2 * (lane % 4) + c % 2; };  // the query of st[n][c] in the tile
       const bool partial = work.t < work.vis.partial;
-      // No query of the tile sees the consumer's 64 keys (on a window, consumer 1 at the first query tile of its key
-      // tile, consumer 0 at the last): the consumer only adds its zero dS^T to the tile's dQ.
-      const int pos0 = m_blk * BM + doc.lk - doc.lq, j0 = n_blk * BN + 64 * wg;
-      const bool idle = Tr::kIdleCorners && !kGeneral && partial &&
-                        sees_no_pair(p.mask, pos0, pos0 + BM - 1, j0, j0 + 63, doc.lk);
       // The pair after next: its tile index comes from global memory, read while the MMAs run (ptxas moves it to
       // a uniform register at once, which waits for the load)
       fa2::BwdWork after = next;
-      float dpt[BM / 8][4];     // dP^T, then dS^T: rows key0 + lane / 4 (+8), queries 8 n + 2 (lane % 4) (+1)
-      uint32_t dsa[BM / 16][4];  // dS^T as A fragments, 16 queries each
-      if (idle) {
-        fa2::advance(p, after, b, hk, n_blk, chunk);
+      fa2::advance(p, after, b, hk, n_blk, chunk);
+      // The thread's queries' logsumexp and delta (BwdTraits::kStatsEarly)
+      float lse_q[BM / 8][2], delta_q[BM / 8][2];
+      if constexpr (Tr::kStatsEarly) {
 #pragma unroll
         for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) dpt[n][c] = 0.f;
-      } else {
-        float st[BM / 8][4];  // S^T, then P^T: as dP^T
-        wgmma_fence();
+          for (int c = 0; c < 2; ++c) lse_q[n][c] = lse[query(n, c)], delta_q[n][c] = delta[query(n, c)];
+      }
+      const auto lse_of = [&](int n, int c) { return Tr::kStatsEarly ? lse_q[n][c % 2] : lse[query(n, c)]; };
+      const auto delta_of = [&](int n, int c) { return Tr::kStatsEarly ? delta_q[n][c % 2] : delta[query(n, c)]; };
+      uint32_t pa[BM / 16][4], dsa[BM / 16][4];  // P^T and dS^T as A fragments, 16 queries each
+      if constexpr (kGeneral) {  // softcap's dS needs the raw score beside dP^T: both first
+        wgmma_wait<0>();
+        pin<BM / 8>(st);
+        pin<BM / 8>(dpt);
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {  // 16 columns of D are 32 bytes of a line; 64 columns a panel
-          const int at = (kk % 4) * 32;
-          wgmma_ss<T, BM>(st, k_desc + ((kk / 4) * BN * 128 + at) / 16, q_desc + ((kk / 4) * BM * 128 + at) / 16,
-                          kk > 0);
-        }
-        wgmma_commit();
+        for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const int at = (kk % 4) * 32;
-          wgmma_ss<T, BM>(dpt, v_desc + ((kk / 4) * BN * 128 + at) / 16, do_desc + ((kk / 4) * BM * 128 + at) / 16,
-                          kk > 0);
-        }
-        wgmma_commit();
-        fa2::advance(p, after, b, hk, n_blk, chunk);
-        const float* lse = sLse0 + stage * BM;
-        const float* delta = sDelta0 + stage * BM;
-        auto query = [&](int n, int c) { return 8 * n + 2 * (lane % 4) + c % 2; };  // the query of st[n][c]
-        // The thread's queries' logsumexp and delta (BwdTraits::kStatsEarly)
-        float lse_q[BM / 8][2], delta_q[BM / 8][2];
-        if constexpr (Tr::kStatsEarly) {
-#pragma unroll
-          for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) lse_q[n][c] = lse[query(n, c)], delta_q[n][c] = delta[query(n, c)];
-        }
-        const auto lse_of = [&](int n, int c) { return Tr::kStatsEarly ? lse_q[n][c % 2] : lse[query(n, c)]; };
-        const auto delta_of = [&](int n, int c) { return Tr::kStatsEarly ? delta_q[n][c % 2] : delta[query(n, c)]; };
-        uint32_t pa[BM / 16][4];  // P^T as A fragments
-        if constexpr (kGeneral) {  // softcap's dS needs the raw score beside dP^T: both first
-          wgmma_wait<0>();
-          pin<BM / 8>(st);
-          pin<BM / 8>(dpt);
-#pragma unroll
-          for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse_of(n, c), delta_of(n, c));
-            }
-          if (partial) {
-            fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
-                                               [&](int n, int c) { st[n][c] = dpt[n][c] = 0.f; });
+          for (int c = 0; c < 4; ++c) {
+            fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse_of(n, c), delta_of(n, c));
           }
-        } else {  // P^T while dP^T is still computed; masked P^T is 0, and so is its dS^T
-          wgmma_wait<1>();
-          pin<BM / 8>(st);
-#pragma unroll
-          for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse_of(n, c));
-          if (partial) {
-            fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
-                                               [&](int n, int c) { st[n][c] = 0.f; });
-          }
+        if (partial) {
+          fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+                                             [&](int n, int c) { st[n][c] = dpt[n][c] = 0.f; });
         }
-        to_fragments<T, BM>(st, pa);
-        pin<D / 8>(dv[0]);
-        wgmma_fence();
+      } else {  // P^T while dP^T is still computed; masked P^T is 0, and so is its dS^T
+        wgmma_wait<1>();
+        pin<BM / 8>(st);
 #pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk)  // dV += P^T dO, 16 queries: 16 lines of every panel
-          wgmma_rs<T, D>(dv[0], pa[kk], do_desc_n + (kk * 16 * 128) / 16);
-        wgmma_commit();
-        if constexpr (!kGeneral) {  // dS^T while dV's MMAs run
-          wgmma_wait<1>();
-          pin<BM / 8>(dpt);
+        for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
-          for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta_of(n, c));
+          for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse_of(n, c));
+        if (partial) {
+          fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+                                             [&](int n, int c) { st[n][c] = 0.f; });
         }
+      }
+      to_fragments<T, BM>(st, pa);
+      pin<D / 8>(dv[0]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)  // dV += P^T dO, 16 queries: 16 lines of every panel
+        wgmma_rs<T, D>(dv[0], pa[kk], do_desc_n + (kk * 16 * 128) / 16);
+      wgmma_commit();
+      if constexpr (!kGeneral) {  // dS^T while dV's MMAs run
+        wgmma_wait<1>();
+        pin<BM / 8>(dpt);
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta_of(n, c));
       }
       to_fragments<T, BM>(dpt, dsa);
 
@@ -364,7 +345,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         wgmma_commit();
       };
       if (p.deterministic) {
-        if (!idle) dk_grads();
+        dk_grads();
       } else {  // dQ's MMAs before dK's, so that its store runs beside dK's MMAs
         // dS^T's buffer it % 2: the other consumer read the tile before it (it - 2) before it stored the last one's
         store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
@@ -380,12 +361,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
             wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
           wgmma_commit();
         }
-        if (idle) {
-          wgmma_wait<0>();  // dQ's, if this consumer computed it
-        } else {
-          dk_grads();
-          wgmma_wait<1>();  // dV's and dQ's (if this consumer computed it)
-        }
+        dk_grads();
+        wgmma_wait<1>();  // dV's and dQ's (if this consumer computed it)
         pin<kDqCols / 8>(dq[0]);
         named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
         if (my_dq) store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
