@@ -425,8 +425,6 @@ inline bool __any_sync(unsigned, bool predicate) {
   return any;
 }
 
-inline bool __all_sync(unsigned mask, bool predicate) { return !__any_sync(mask, !predicate); }
-
 inline float __shfl_xor_sync(unsigned, float x, int mask) {
   using namespace legalpt::emu;
   WarpScratch& s = warp_scratch();

@@ -56,18 +56,6 @@ __device__ __forceinline__ bool allowed(const MaskParams& m, const RowMask& r, i
   return ok;
 }
 
-// Whether no query at key-axis positions [pos0, pos1] sees a key in [j0, j1] (a tile's corner that the kernels skip):
-// every bound of `row_mask` grows with the position, so the block's first and last positions decide. Global tokens
-// answer false (not worth the cases); the general rule (dilation, block layout) only removes keys, so true holds
-// there too.
-__device__ __forceinline__ bool sees_no_pair(const MaskParams& m, int pos0, int pos1, int j0, int j1, int lk) {
-  if (pos0 >= lk || j0 >= lk) return true;  // queries past the document's end see nothing
-  if (m.global_tokens > 0) return false;
-  const bool ahead = (m.causal && j0 > pos1) || (m.right >= 0 && j0 > pos1 + m.right);  // past every query's reach
-  const bool behind = m.left >= 0 && j1 < pos0 - m.left;
-  return ahead || behind;
-}
-
 // Bits n < 32 with a <= 8 n <= z: a thread's keys of a tile are 8 apart (the mma layouts' columns), from its first.
 // The shifts are arithmetic: (a + 7) >> 3 and z >> 3 are ceil(a / 8) and floor(z / 8) for any sign.
 __device__ __forceinline__ uint32_t strided_bits(int a, int z) {

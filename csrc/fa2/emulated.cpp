@@ -33,8 +33,7 @@ struct EmulatedLaunch {
 
 // Scores on which the plain rule's bit masks (seen_keys for the forward's rows, seen_queries for the backward's
 // transposed tiles) disagree with `allowed`, for one document of lq queries and lk keys: every thread start (first
-// key, or first query) and its 32 strided neighbours, past the document's ends too. Then the blocks of 16 or 64
-// queries by 64 keys (every 7th start) that `sees_no_pair` calls empty: each allowed pair in one counts.
+// key, or first query) and its 32 strided neighbours, past the document's ends too.
 inline int64_t mask_bit_mismatches(int64_t lq, int64_t lk, bool causal, int64_t left, int64_t right,
                                    int64_t global_tokens) {
   MaskParams m{};
@@ -60,15 +59,6 @@ inline int64_t mask_bit_mismatches(int64_t lq, int64_t lk, bool causal, int64_t 
         wrong += ((seen >> n & 1u) != 0) != allowed<false>(m, r, i + 8 * n, j, 0, 0);
       }
     }
-  for (const int bq : {16, 64})
-    for (int i0 = 0; i0 < nq + 16; i0 += 7)
-      for (int j0 = 0; j0 < nk + 16; j0 += 7) {
-        if (!sees_no_pair(m, i0 + (nk - nq), i0 + bq - 1 + (nk - nq), j0, j0 + 63, nk)) continue;
-        for (int i = i0; i < i0 + bq; ++i) {
-          const RowMask r = row_mask(m, i, nq, nk);
-          for (int j = j0; j < j0 + 64; ++j) wrong += allowed<false>(m, r, i, j, 0, 0);
-        }
-      }
   return wrong;
 }
 }  // namespace legalpt::fa2

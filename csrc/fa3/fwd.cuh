@@ -73,15 +73,16 @@ __device__ __forceinline__ FwdItem fwd_item(const FwdArgs& a, int i) {
   return {a.m_tiles - 1 - i % a.m_tiles, rest % a.documents, rest / a.documents};
 }
 
-// The columns s of a tile (raw scores, keys j0 + 8 n + ...) to P in place, as in the FA2 forward: the element rule,
+// Tile t's scores s (a warpgroup's 64 rows x BN keys, raw) to P in place, as in the FA2 forward: the element rule,
 // the new running max, P = exp2(logit - max) and the row sums. O is rescaled later (`rescale`), once the P V that
 // reads it is done: `correction` holds the factors and `move` whether a row of this thread moved its max.
 template <int BN, bool kGeneral>
-__device__ __forceinline__ void softmax_columns(const Params& p, float (&s)[BN / 8][4], float (&row_max)[2],
-                                                float (&row_sum)[2], float (&correction)[2], bool& move,
-                                                bool partial, int i0, int j0, const Document& doc, int b, int h) {
+__device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 8][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&correction)[2], bool& move, int t,
+                                               const Visits& vis, int i0, const Document& doc, int b, int h) {
+  const int lane = threadIdx.x % 32;
   float(&s3)[1][BN / 8][4] = reinterpret_cast<float(&)[1][BN / 8][4]>(s);
-  fa2::logits<kGeneral, 1, BN>(p, s3, partial, i0, j0, doc, b, h);
+  fa2::logits<kGeneral, 1, BN>(p, s3, t < vis.partial, i0, vis.tiles[t] * BN + 2 * (lane % 4), doc, b, h);
   move = false;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -90,44 +91,6 @@ __device__ __forceinline__ void softmax_columns(const Params& p, float (&s)[BN /
     correction[half] = exp2f(row_max[half] - (m == -INFINITY ? 0.f : m));
     row_max[half] = m;
     row_sum[half] = row_sum[half] * correction[half] + fa2::exp_row<kGeneral, BN>(p, s, half, m);
-  }
-}
-
-// Tile t's scores s (a warpgroup's 64 rows x BN keys) to P. On a partial tile of the plain kernel, a key half that
-// the warp's rows do not see skips the softmax: its P is 0. A window's edge tiles and the causal diagonal leave such
-// halves (the window's first tile to consumer 1, the diagonal to consumer 0).
-template <int BN, bool kGeneral>
-__device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 8][4], float (&row_max)[2],
-                                               float (&row_sum)[2], float (&correction)[2], bool& move, int t,
-                                               const Visits& vis, int i0, const Document& doc, int b, int h) {
-  const bool partial = t < vis.partial;
-  const int j0 = vis.tiles[t] * BN, jt = j0 + 2 * (threadIdx.x % 32 % 4);  // the tile's first key, the thread's
-  // The half of the tile (0: its first BN / 2 keys, 1: its last) that none of the warp's rows sees, or -1. The
-  // votes make the branches below warp-uniform for ptxas, which otherwise serializes the wgmmas (WG.DP).
-  const int pos = i0 + doc.lk - doc.lq;  // the thread's rows' positions: pos, pos + 8
-  int half = -1;
-  if (!kGeneral && partial) {
-    const bool first = sees_no_pair(p.mask, pos, pos + 8, j0, j0 + BN / 2 - 1, doc.lk);
-    const bool last = sees_no_pair(p.mask, pos, pos + 8, j0 + BN / 2, j0 + BN - 1, doc.lk);
-    half = __all_sync(0xffffffffu, first) ? 0 : __all_sync(0xffffffffu, last) ? 1 : -1;
-  }
-  using Half = float[BN / 16][4];
-  Half& first = *reinterpret_cast<Half*>(&s[0]);
-  Half& last = *reinterpret_cast<Half*>(&s[BN / 16]);
-  const auto zero = [](Half& x) {
-#pragma unroll
-    for (int n = 0; n < BN / 16; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) x[n][c] = 0.f;
-  };
-  if (half == 0) {
-    softmax_columns<BN / 2, kGeneral>(p, last, row_max, row_sum, correction, move, true, i0, jt + BN / 2, doc, b, h);
-    zero(first);
-  } else if (half == 1) {
-    softmax_columns<BN / 2, kGeneral>(p, first, row_max, row_sum, correction, move, true, i0, jt, doc, b, h);
-    zero(last);
-  } else {
-    softmax_columns<BN, kGeneral>(p, s, row_max, row_sum, correction, move, partial, i0, jt, doc, b, h);
   }
 }
 

@@ -271,9 +271,8 @@ def test_emulation_synchronizes_as_the_hardware():
 
 def test_plain_mask_bits_follow_the_element_rule():
     """The partial tiles' one-bit tests (csrc/common/mask.cuh: seen_keys in the forward, seen_queries in the
-    backward's transposed tiles) and the test of blocks without a visible pair (sees_no_pair) against the per-key
-    rule `allowed`, over causal and not, windows bounded and not on each side, global tokens, unequal lengths and
-    rows or keys past the document."""
+    backward's transposed tiles) against the per-key rule `allowed`, over causal and not, windows bounded and not
+    on each side, global tokens, unequal lengths and rows or keys past the document."""
     ext = kernels.fa2_emulated(64)
     configs = [
         (lq, lk, causal, left, right, global_tokens)
