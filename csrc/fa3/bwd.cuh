@@ -57,12 +57,15 @@ struct BwdTraits {
   // dP^T are computed, not after the waits, where their latency was the first P^T's and dS^T's (ncu at d64). At
   // D = 128, where dK and dV take 64 x 128 each, those 32 registers spill.
   static constexpr bool kStatsEarly = D == 64;
-  // mbarriers: K and V's copies (full) and release (empty); per stage, its copies' and its release
-  static constexpr int kBarriers = 6;
-  // K, V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
+  // Buffers of K and V: at D = 64 two, so that on persistent windows the next item's K and V land while this item
+  // computes (with one, its copies start only once the item's last MMAs are done). At D = 128 they would not fit.
+  static constexpr int kKvStages = D == 64 ? 2 : 1;
+  // mbarriers: per K and V buffer, its copies' (full) and its release (empty); per query stage likewise
+  static constexpr int kBarriers = 2 * kKvStages + 4;
+  // K and V (kKvStages times); Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
   // swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next item's Q and dO
   // may land in the query stages meanwhile.
-  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
+  static constexpr int kSmem = 2 * kKvStages * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
                                4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
 };
@@ -139,22 +142,25 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, kConsumerThreads = Tr::kConsumerThreads;
   const Params& p = a.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* sK = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BN, D), swizzled
-  unsigned char* sV = sK + Tr::kKeyTileBytes;                      // (BN, D)
-  unsigned char* sQ0 = sV + Tr::kKeyTileBytes;                     // 2 x (BM, D)
+  constexpr int kKvStages = Tr::kKvStages, kKvBytes = 2 * Tr::kKeyTileBytes;
+  unsigned char* sKV = smem_raw + (-smem_addr(smem_raw) & 1023);  // kKvStages x (K, V), each (BN, D), swizzled
+  unsigned char* sQ0 = sKV + kKvStages * kKvBytes;                 // 2 x (BM, D)
   unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
   unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T; an item's dK at its end
   unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled; an item's dV
   float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);       // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
   uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
-  uint64_t *kv_full = bars, *kv_empty = bars + 1, *q_full = bars + 2, *q_empty = bars + 4;  // q_: per stage
+  uint64_t *kv_full = bars, *kv_empty = bars + kKvStages;  // per K and V buffer
+  uint64_t *q_full = kv_empty + kKvStages, *q_empty = q_full + 2;  // per query stage
   const int items = a.key_blocks * a.documents * (p.heads / p.kv_group);
   const int lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
-    mbar_init(kv_full);
-    mbar_init(kv_empty, kConsumerThreads / 32);  // one arrival per consumer warp
+    for (int s = 0; s < kKvStages; ++s) {
+      mbar_init(kv_full + s);
+      mbar_init(kv_empty + s, kConsumerThreads / 32);  // one arrival per consumer warp
+    }
     for (int s = 0; s < 2; ++s) {
       mbar_init(q_full + s, 1 + 32);                      // the TMA thread's and the second warp's 32 lanes'
       mbar_init(q_empty + s, kConsumerThreads / 32);
@@ -181,10 +187,12 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         continue;
       }
       if (warp == 0) {  // K and V once the last item's MMAs are done with them
-        if (n > 0) mbar_wait(kv_empty, (n - 1) % 2);
-        mbar_expect(kv_full, 2 * Tr::kKeyTileBytes);
-        tma_load_tile<BN, D>(sK, a.k, hk, doc.k_start + n_blk * BN, batch, kv_full);
-        tma_load_tile<BN, D>(sV, a.v, hk, doc.k_start + n_blk * BN, batch, kv_full);
+        const int kv = n % kKvStages;  // the buffer, free once item n - kKvStages's MMAs are done with it
+        if (n >= kKvStages) mbar_wait(kv_empty + kv, (n / kKvStages - 1) % 2);
+        unsigned char* sK = sKV + kv * kKvBytes;
+        mbar_expect(kv_full + kv, kKvBytes);
+        tma_load_tile<BN, D>(sK, a.k, hk, doc.k_start + n_blk * BN, batch, kv_full + kv);
+        tma_load_tile<BN, D>(sK + Tr::kKeyTileBytes, a.v, hk, doc.k_start + n_blk * BN, batch, kv_full + kv);
       }
       ++n;
       // One query tile of one head into its stage, once the consumers have freed it (two tiles ago). Q and dO: rows
@@ -225,14 +233,15 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   };
 
   // The consumer's 64 keys of K and V as A operands (K-major), the dQ operands (M-major dS^T, N-major K)
-  const uint64_t k_desc = descriptor(smem_addr(sK) + 64 * wg * 128);
-  const uint64_t v_desc = descriptor(smem_addr(sV) + 64 * wg * 128);
+  // (the first buffer's: an item adds its buffer's offset)
+  const uint64_t k_desc0 = descriptor(smem_addr(sKV) + 64 * wg * 128);
+  const uint64_t v_desc0 = descriptor(smem_addr(sKV + Tr::kKeyTileBytes) + 64 * wg * 128);
   constexpr int kDqCols = Tr::kDqCols;
   const int dq_col0 = Tr::kDqTurns ? 0 : kDqCols * wg;
   const uint64_t ds_desc = descriptor(smem_addr(sdS0));  // dS^T's BM = 64 queries: one panel
   // K's columns [dq_col0, dq_col0 + kDqCols): their panel, and 2 bytes a column into its lines (the swizzle is
   // applied to the address, as for the K-major operands' 32-byte steps)
-  const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128 + (dq_col0 % 64) * 2);
+  const uint64_t kt_desc0 = descriptor(smem_addr(sKV) + (dq_col0 / 64) * BN * 128 + (dq_col0 % 64) * 2);
 
   for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
     BwdItem item = bwd_item<BN>(a, i);
@@ -244,9 +253,13 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
     fa2::BwdWork next = work;  // read an iteration ahead: its tile index comes from global memory
     fa2::advance(p, next, b, hk, n_blk, chunk);
-    mbar_wait(kv_full, n % 2);
+    const int kv = n % kKvStages;
+    unsigned char* sK = sKV + kv * kKvBytes;
+    const uint64_t k_desc = k_desc0 + kv * kKvBytes / 16, v_desc = v_desc0 + kv * kKvBytes / 16;
+    const uint64_t kt_desc = kt_desc0 + kv * kKvBytes / 16;
+    mbar_wait(kv_full + kv, n / kKvStages % 2);
     if (p.cu_seqlens_k != nullptr && (n_blk + 1) * BN > doc.lk) {
-      zero_past_document(std::integral_constant<int, BN>{}, sK, sV, doc.lk - n_blk * BN);
+      zero_past_document(std::integral_constant<int, BN>{}, sK, sK + Tr::kKeyTileBytes, doc.lk - n_blk * BN);
     }
     for (; work.g < p.kv_group; ++it) {
       const int stage = it % 2;
@@ -376,7 +389,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       work = next;
       next = after;
     }
-    if (lane == 0) mbar_arrive(kv_empty);  // the warp's MMAs are done with K and V: the next item's may come
+    if (lane == 0) mbar_arrive(kv_empty + kv);  // the warp's MMAs are done with K and V: a later item's may come
     ++n;
     // The item's dK and dV (2 x (BN, D)) go out through the dS^T buffers and dQ's, once the dQ warp's last reduction
     // has read sdQ (the consumers meet it there, the other consumer's last dQ MMAs done with sdS too), while the
