@@ -56,7 +56,7 @@ struct FwdTraits {
 struct FwdArgs {
   Params p;
   TensorMap q, k, v;
-  TensorMap o;             // stores of whole query tiles
+  TensorMap o;             // stores of a consumer's 64 rows
   int m_tiles, documents;  // query tiles of the longest document; items: m_tiles x documents x heads
 };
 
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   unsigned char* sQ = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BM, D), swizzled
   unsigned char* sK = sQ + BM * D * sizeof(T);                    // 2 x (BN, D)
   unsigned char* sV = sK + 2 * Tr::kTileBytes;                    // 2 x (BN, D)
-  unsigned char* sO = sV + 2 * Tr::kTileBytes;                    // (BM, D)
+  unsigned char* sO = sV + 2 * Tr::kTileBytes;                    // 2 x (64, D): each consumer's O
   uint64_t* bars = reinterpret_cast<uint64_t*>(sO + BM * D * sizeof(T));
   uint64_t *q_full = bars, *q_empty = bars + 1, *k_full = bars + 2, *v_full = bars + 4, *k_empty = bars + 6,
            *v_empty = bars + 8;
@@ -172,6 +172,14 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   // Ping-pong: a consumer issues its MMAs between its turn's start and the other's
   const auto my_turn = [&] { named_sync(kTurn0 + wg, kConsumerThreads); };
   const auto your_turn = [&] { named_arrive(kTurn0 + (1 - wg), kConsumerThreads); };
+  // Whether item i of the block visits key tiles
+  const auto works = [&](int i) {
+    const FwdItem it = fwd_item(a, i);
+    return it.m_blk * BM < fa2::document(p, it.b).lq && fa2::visits(p.schedule, it.b, it.h, it.m_blk).count > 0;
+  };
+  // Consumer 1 hands consumer 0 its first turn of an item at the end of its last one, where the block has a next
+  // item, so that consumer 0's first MMAs run beside consumer 1's epilogue
+  bool handed = false;
   for (int i = blockIdx.x, nq = 0, g = 0; i < items; i += gridDim.x) {
     const FwdItem it = fwd_item(a, i);
     const Document doc = fa2::document(p, it.b);
@@ -229,7 +237,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     };
 
     if (vis.count > 0) {
-      if (wg == 1) your_turn();  // consumer 0 goes first
+      if (wg == 1 && !handed) your_turn();  // consumer 0 goes first
       mbar_wait(q_full, nq % 2);
       landed(true, 0);
       my_turn();
@@ -264,7 +272,12 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       my_turn();
       wgmma_fence();
       issue_pv(vis.count - 1);
-      if (wg == 0) your_turn();  // consumer 1's last turn is not awaited: its arrival would be left over
+      // Consumer 1's turn after the block's last item is not awaited: its arrival would be left over
+      if (wg == 1) {
+        handed = false;
+        for (int j = i + gridDim.x; j < items && !handed; j += gridDim.x) handed = works(j);
+      }
+      if (wg == 0 || handed) your_turn();
       wgmma_wait<0>();
       pin<D / 8>(o);
       release(false, vis.count - 1);
@@ -273,27 +286,29 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     }
 
     const float2 inv = fa2::finish_rows(p, row_max, row_sum, i0, doc, b, h);
-    // A whole query tile's O goes out by TMA from its buffer: 128-byte lines instead of every thread's 4-byte stores.
-    // A tile past a varlen document's end keeps fa2's stores.
+    // A whole query tile's O goes out by TMA: 128-byte lines instead of every thread's 4-byte stores. Each consumer
+    // stores its 64 rows from its half of sO, issued and awaited by its first thread, so that the consumers do not
+    // meet between items. A tile past a varlen document's end keeps fa2's stores.
     if (p.cu_seqlens_q == nullptr || (m_blk + 1) * BM <= doc.lq) {
 #pragma unroll
       for (int d = 0; d < D / 8; ++d)
 #pragma unroll
         for (int c = 0; c < 4; ++c) o[d][c] *= c < 2 ? inv.x : inv.y;
-      if (threadIdx.x == 128) bulk_wait_read<0>();  // the last item's store has read sO
-      named_sync(kConsumersSync, kConsumerThreads);
-      store_swizzled<T, BM, D>(sO, o, 64 * wg + 16 * (threadIdx.x / 32 % 4));
+      unsigned char* so = sO + wg * 64 * D * sizeof(T);  // (64, D), swizzled
+      if (threadIdx.x % 128 == 0) bulk_wait_read<0>();   // the consumer's last store has read it
+      named_sync(kOStored0 + wg, 128);
+      store_swizzled<T, 64, D>(so, o, 16 * (threadIdx.x / 32 % 4));
       fence_proxy_async();
-      named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
-      if (threadIdx.x == 128) {
-        tma_store_tile<BM, D>(a.o, sO, h, doc.q_start + m_blk * BM, map_batch(p, b));
+      named_sync(kOStored0 + wg, 128);  // the consumer's rows are stored
+      if (threadIdx.x % 128 == 0) {
+        tma_store_tile<64, D>(a.o, so, h, doc.q_start + m_blk * BM + 64 * wg, map_batch(p, b));
         bulk_commit();
       }
     } else {
       fa2::store_rows<T, D>(p, o, inv, i0, doc, b, h);
     }
   }
-  if (threadIdx.x == 128) bulk_wait_read<0>();  // before the block's shared memory goes
+  if (threadIdx.x % 128 == 0) bulk_wait_read<0>();  // before the block's shared memory goes
 #elif defined(__CUDA_ARCH__)
   __trap();  // another target's code: fa3.check never launches it there, and it must not pass silently
 #endif

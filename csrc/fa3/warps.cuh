@@ -15,6 +15,7 @@ enum NamedBarrier {
   kTurn0 = 3,          // the forward's ping-pong: consumer w's turn is kTurn0 + w
   kDqFree = 5,         // the backward: the dQ warp's reduction has read the dQ tile (consumers and the dQ warp)
   kDqStored = 6,       // the backward: both consumers' dQ parts are in shared memory (the same threads)
+  kOStored0 = 7,       // the forward's epilogue: consumer w's O rows are in its half of sO (kOStored0 + w)
 };
 
 #ifndef LEGALPT_EMULATE
