@@ -242,6 +242,16 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   // K's columns [dq_col0, dq_col0 + kDqCols): their panel, and 2 bytes a column into its lines (the swizzle is
   // applied to the address, as for the K-major operands' 32-byte steps)
   const uint64_t kt_desc0 = descriptor(smem_addr(sKV) + (dq_col0 / 64) * BN * 128 + (dq_col0 % 64) * 2);
+  // Whether an item's TMA store of dK and dV may still be reading sdS and sdQ. The consumers wait for it (its issuing
+  // thread, then a barrier) only before they next write either, so that the next item's first MMAs run meanwhile.
+  bool storing = false;
+  const auto settle = [&] {
+    if (storing) {
+      if (thread == 0) bulk_wait_read<0>();
+      named_sync(kConsumersSync, kConsumerThreads);
+      storing = false;
+    }
+  };
 
   for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
     BwdItem item = bwd_item<BN>(a, i);
@@ -361,6 +371,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         dk_grads();
       } else {  // dQ's MMAs before dK's, so that its store runs beside dK's MMAs
         // dS^T's buffer it % 2: the other consumer read the tile before it (it - 2) before it stored the last one's
+        settle();
         store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
         fence_proxy_async();
         named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
@@ -393,13 +404,14 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     ++n;
     // The item's dK and dV (2 x (BN, D)) go out through the dS^T buffers and dQ's, once the dQ warp's last reduction
     // has read sdQ (the consumers meet it there, the other consumer's last dQ MMAs done with sdS too), while the
-    // next item's Q and dO land in the query stages. A whole key tile goes out by TMA (128-byte lines instead of
+    // next item's Q and dO land in the query stages and its first MMAs run. A whole key tile goes out by TMA (128-byte lines instead of
     // every thread's 4-byte stores); a tile past a varlen document's end and a split tile's part (float32 sums) keep
     // fa2's stores.
     if (!p.deterministic) named_sync(kDqFree, Tr::kDqThreads);
     if (!split && (p.cu_seqlens_k == nullptr || (n_blk + 1) * BN <= doc.lk)) {
       static_assert(2 * Tr::kDsBytes >= Tr::kKeyTileBytes && Tr::kDqBytes >= Tr::kKeyTileBytes,
                     "dK fits the dS^T buffers and dV dQ's");
+      settle();
       store_swizzled<T, BN, D>(sdS0, dk[0], key0);
       store_swizzled<T, BN, D>(sdQ, dv[0], key0);
       fence_proxy_async();
@@ -408,14 +420,13 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         tma_store_tile<BN, D>(a.dk, sdS0, hk, doc.k_start + n_blk * BN, batch);
         tma_store_tile<BN, D>(a.dv, sdQ, hk, doc.k_start + n_blk * BN, batch);
         bulk_commit();
-        bulk_wait_read<0>();  // the stores have read sdS and sdQ: the next item may write them
       }
-      // The consumers wait here instead of for the next item's K and V, which are on their way meanwhile
-      named_sync(kConsumersSync, kConsumerThreads);
+      storing = true;
     } else {
       fa2::store_dkv<T, 1, D, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, 0, split);
     }
   }
+  if (thread == 0) bulk_wait_read<0>();  // before the block's shared memory goes
 #elif defined(__CUDA_ARCH__)
   __trap();  // another target's code: fa3.check never launches it there, and it must not pass silently
 #endif
