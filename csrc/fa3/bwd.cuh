@@ -62,9 +62,9 @@ struct BwdTraits {
   static constexpr int kKvStages = D == 64 ? 2 : 1;
   // mbarriers: per K and V buffer, its copies' (full) and its release (empty); per query stage likewise
   static constexpr int kBarriers = 2 * kKvStages + 4;
-  // K and V (kKvStages times); Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
-  // swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next item's Q and dO
-  // may land in the query stages meanwhile.
+  // K and V (kKvStages times); Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes
+  // to align to the swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next
+  // item's Q and dO may land in the query stages meanwhile.
   static constexpr int kSmem = 2 * kKvStages * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
                                4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
@@ -404,9 +404,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     ++n;
     // The item's dK and dV (2 x (BN, D)) go out through the dS^T buffers and dQ's, once the dQ warp's last reduction
     // has read sdQ (the consumers meet it there, the other consumer's last dQ MMAs done with sdS too), while the
-    // next item's Q and dO land in the query stages and its first MMAs run. A whole key tile goes out by TMA (128-byte lines instead of
-    // every thread's 4-byte stores); a tile past a varlen document's end and a split tile's part (float32 sums) keep
-    // fa2's stores.
+    // next item's Q and dO land in the query stages and its first MMAs run. A whole key tile goes out by TMA
+    // (128-byte lines instead of every thread's 4-byte stores); a tile past a varlen document's end and a split
+    // tile's part (float32 sums) keep fa2's stores.
     if (!p.deterministic) named_sync(kDqFree, Tr::kDqThreads);
     if (!split && (p.cu_seqlens_k == nullptr || (n_blk + 1) * BN <= doc.lk)) {
       static_assert(2 * Tr::kDsBytes >= Tr::kKeyTileBytes && Tr::kDqBytes >= Tr::kKeyTileBytes,
