@@ -135,6 +135,10 @@ struct Fiber {
   // thread ends), so that shared memory rewritten before that wait shows in the result
   std::vector<std::function<void()>> bulk_open;
   std::vector<std::vector<std::function<void()>>> bulk_groups;
+  // Warpgroup MMAs likewise: they read shared memory and write their accumulators when a wait for their group
+  // returns, so that an operand rewritten, or an accumulator read, before that wait shows in the result
+  std::vector<std::function<void()>> wgmma_open;
+  std::vector<std::vector<std::function<void()>>> wgmma_groups;
 };
 
 // Operands of one warp-collective instruction, one row per lane.
@@ -206,6 +210,22 @@ inline void bulk_wait(int pending) {  // until at most `pending` of the thread's
   while (static_cast<int>(f.bulk_groups.size()) > pending) {
     for (const std::function<void()>& op : f.bulk_groups.front()) op();
     f.bulk_groups.erase(f.bulk_groups.begin());
+  }
+}
+
+inline void wgmma_issue(std::function<void()> op) {
+  block.fibers[block.current].wgmma_open.push_back(std::move(op));
+}
+inline void wgmma_commit() {
+  Fiber& f = block.fibers[block.current];
+  f.wgmma_groups.push_back(std::move(f.wgmma_open));
+  f.wgmma_open.clear();
+}
+inline void wgmma_wait(int pending) {  // until at most `pending` of the thread's committed groups are in flight
+  Fiber& f = block.fibers[block.current];
+  while (static_cast<int>(f.wgmma_groups.size()) > pending) {
+    for (const std::function<void()>& op : f.wgmma_groups.front()) op();
+    f.wgmma_groups.erase(f.wgmma_groups.begin());
   }
 }
 
@@ -297,6 +317,9 @@ inline void fiber_entry() {
   Fiber& f = block.fibers[block.current];
   if (!f.bulk_open.empty() || !f.bulk_groups.empty()) {  // they would read shared memory the block no longer owns
     block.fault = "emulated kernel ended with TMA stores or reductions it never waited for (bulk_wait_read)";
+  }
+  if (!f.wgmma_open.empty() || !f.wgmma_groups.empty()) {
+    block.fault = "emulated kernel ended with warpgroup MMAs it never waited for (wgmma_wait)";
   }
   f.done = true;
   ++block.events;
@@ -395,6 +418,8 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
       f.groups.clear();
       f.bulk_open.clear();
       f.bulk_groups.clear();
+      f.wgmma_open.clear();
+      f.wgmma_groups.clear();
       getcontext(&f.context);
       f.context.uc_stack.ss_sp = f.stack.data();
       f.context.uc_stack.ss_size = f.stack.size();

@@ -17,6 +17,7 @@
 
 #include "../common/ptx.cuh"
 #ifdef LEGALPT_EMULATE
+#include <array>
 #include <cmath>
 #include <cstring>
 #endif
@@ -166,16 +167,18 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
   }
 }
 
-#else  // LEGALPT_EMULATE: the same on the CPU (csrc/common/emulate.h); a wgmma runs at its issue
+#else  // LEGALPT_EMULATE: the same on the CPU (csrc/common/emulate.h); a wgmma runs when a wait for its group returns
 extern unsigned char smem_raw[];  // the kernels' dynamic shared memory, defined by csrc/fa2/emulated.cpp
 
 inline uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(static_cast<const unsigned char*>(p) - smem_raw);
 }
 inline void wgmma_fence() {}
-inline void wgmma_commit() {}
+inline void wgmma_commit() { emu::wgmma_commit(); }
 template <int N>
-inline void wgmma_wait() {}
+inline void wgmma_wait() {
+  emu::wgmma_wait(N);
+}
 inline void fence_proxy_async() {}
 template <int N>
 inline void pin(float (&)[N][4]) {}
@@ -225,9 +228,11 @@ inline void mma(float (&d)[N / 8][4], bool accumulate, A a, B b) {
 template <typename T, int N, int kTransA = 0, int kTransB = 0>
 inline void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate) {
   const emulated::Operand oa = emulated::decode(a), ob = emulated::decode(b);
-  emulated::mma<N>(
-      d, accumulate != 0, [&](int m, int k) { return emulated::element<T>(oa, kTransA, m, k); },
-      [&](int n, int k) { return emulated::element<T>(ob, kTransB, n, k); });
+  emu::wgmma_issue([&d, oa, ob, accumulate] {
+    emulated::mma<N>(
+        d, accumulate != 0, [&](int m, int k) { return emulated::element<T>(oa, kTransA, m, k); },
+        [&](int n, int k) { return emulated::element<T>(ob, kTransB, n, k); });
+  });
 }
 
 // A's fragments are gathered from the warpgroup's 128 threads (mma.sync's m16k16 layout, warp w rows 16 w ...).
@@ -236,13 +241,20 @@ inline void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b) {
   emu::GroupScratch& s = emu::group_scratch();
   for (int i = 0; i < 4; ++i) s.regs[threadIdx.x % 128][i] = a[i];
   emu::group_sync();
-  const emulated::Operand ob = emulated::decode(b);
-  const auto a_at = [&](int m, int k) {
-    const uint32_t reg = s.regs[32 * (m / 16) + (m % 8) * 4 + (k % 8) / 2][(m % 16) / 8 + 2 * (k / 8)];
-    return to_float_bits<T>(static_cast<uint16_t>(reg >> (16 * (k % 2))));
-  };
-  emulated::mma<N>(d, true, a_at, [&](int n, int k) { return emulated::element<T>(ob, true, n, k); });
+  // The warp's 16 rows of A (the rows its accumulators hold), taken at the issue
+  const int w = threadIdx.x / 32 % 4;
+  std::array<std::array<uint32_t, 4>, 32> rows;
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < 4; ++i) rows[l][i] = s.regs[32 * w + l][i];
   emu::group_sync();
+  const emulated::Operand ob = emulated::decode(b);
+  emu::wgmma_issue([&d, rows, ob] {
+    const auto a_at = [&](int m, int k) {
+      const uint32_t reg = rows[(m % 8) * 4 + (k % 8) / 2][(m % 16) / 8 + 2 * (k / 8)];
+      return to_float_bits<T>(static_cast<uint16_t>(reg >> (16 * (k % 2))));
+    };
+    emulated::mma<N>(d, true, a_at, [&](int n, int k) { return emulated::element<T>(ob, true, n, k); });
+  });
 }
 #endif
 
