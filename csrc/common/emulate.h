@@ -123,6 +123,28 @@ struct Mbarrier {
   void complete_if_done();
   void wait(int parity);
 };
+// Operations a thread issues in committed groups that take effect only when a wait for their group returns (or
+// never, if the thread ends first): TMA stores and reductions, warpgroup MMAs
+struct Deferred {
+  std::vector<std::function<void()>> open;                 // issued since the last commit
+  std::vector<std::vector<std::function<void()>>> groups;  // committed, oldest first
+  void commit() {
+    groups.push_back(std::move(open));
+    open.clear();
+  }
+  void wait(int pending) {  // until at most `pending` committed groups are in flight
+    while (static_cast<int>(groups.size()) > pending) {
+      for (const std::function<void()>& op : groups.front()) op();
+      groups.erase(groups.begin());
+    }
+  }
+  bool idle() const { return open.empty() && groups.empty(); }
+  void clear() {
+    open.clear();
+    groups.clear();
+  }
+};
+
 struct Fiber {
   ucontext_t context;
   std::vector<char> stack;
@@ -131,14 +153,12 @@ struct Fiber {
   int wait_generation = 0;                // of that barrier
   std::vector<Copy> open;                 // cp.async copies issued since the last commit
   std::vector<std::vector<Copy>> groups;  // committed groups, oldest first
-  // TMA stores and reductions (bulk groups): they read shared memory when a wait for their group returns (or the
-  // thread ends), so that shared memory rewritten before that wait shows in the result
-  std::vector<std::function<void()>> bulk_open;
-  std::vector<std::vector<std::function<void()>>> bulk_groups;
-  // Warpgroup MMAs likewise: they read shared memory and write their accumulators when a wait for their group
-  // returns, so that an operand rewritten, or an accumulator read, before that wait shows in the result
-  std::vector<std::function<void()>> wgmma_open;
-  std::vector<std::vector<std::function<void()>>> wgmma_groups;
+  // TMA stores and reductions (bulk groups): they read shared memory when a wait for their group returns, so that
+  // shared memory rewritten before that wait shows in the result
+  Deferred bulk;
+  // Warpgroup MMAs likewise: they read shared memory and write their accumulators at that wait, so that an operand
+  // rewritten, or an accumulator read, before it shows in the result
+  Deferred wgmma;
 };
 
 // Operands of one warp-collective instruction, one row per lane.
@@ -199,35 +219,12 @@ inline void async_wait(int pending) {  // until at most `pending` of the thread'
   }
 }
 
-inline void bulk_issue(std::function<void()> op) { block.fibers[block.current].bulk_open.push_back(std::move(op)); }
-inline void bulk_commit() {
-  Fiber& f = block.fibers[block.current];
-  f.bulk_groups.push_back(std::move(f.bulk_open));
-  f.bulk_open.clear();
-}
-inline void bulk_wait(int pending) {  // until at most `pending` of the thread's committed bulk groups are in flight
-  Fiber& f = block.fibers[block.current];
-  while (static_cast<int>(f.bulk_groups.size()) > pending) {
-    for (const std::function<void()>& op : f.bulk_groups.front()) op();
-    f.bulk_groups.erase(f.bulk_groups.begin());
-  }
-}
-
-inline void wgmma_issue(std::function<void()> op) {
-  block.fibers[block.current].wgmma_open.push_back(std::move(op));
-}
-inline void wgmma_commit() {
-  Fiber& f = block.fibers[block.current];
-  f.wgmma_groups.push_back(std::move(f.wgmma_open));
-  f.wgmma_open.clear();
-}
-inline void wgmma_wait(int pending) {  // until at most `pending` of the thread's committed groups are in flight
-  Fiber& f = block.fibers[block.current];
-  while (static_cast<int>(f.wgmma_groups.size()) > pending) {
-    for (const std::function<void()>& op : f.wgmma_groups.front()) op();
-    f.wgmma_groups.erase(f.wgmma_groups.begin());
-  }
-}
+inline void bulk_issue(std::function<void()> op) { block.fibers[block.current].bulk.open.push_back(std::move(op)); }
+inline void bulk_commit() { block.fibers[block.current].bulk.commit(); }
+inline void bulk_wait(int pending) { block.fibers[block.current].bulk.wait(pending); }
+inline void wgmma_issue(std::function<void()> op) { block.fibers[block.current].wgmma.open.push_back(std::move(op)); }
+inline void wgmma_commit() { block.fibers[block.current].wgmma.commit(); }
+inline void wgmma_wait(int pending) { block.fibers[block.current].wgmma.wait(pending); }
 
 inline Mbarrier& mbarrier(const uint64_t* bar) { return block.mbarriers[bar]; }
 inline void Mbarrier::arrive(int bytes) {
@@ -315,10 +312,10 @@ inline bool parked(const Fiber& f, bool warpgroups) {
 inline void fiber_entry() {
   block.body(block.args);
   Fiber& f = block.fibers[block.current];
-  if (!f.bulk_open.empty() || !f.bulk_groups.empty()) {  // they would read shared memory the block no longer owns
+  if (!f.bulk.idle()) {  // they would read shared memory the block no longer owns
     block.fault = "emulated kernel ended with TMA stores or reductions it never waited for (bulk_wait_read)";
   }
-  if (!f.wgmma_open.empty() || !f.wgmma_groups.empty()) {
+  if (!f.wgmma.idle()) {
     block.fault = "emulated kernel ended with warpgroup MMAs it never waited for (wgmma_wait)";
   }
   f.done = true;
@@ -416,10 +413,8 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
       f.waiting_on = nullptr;
       f.open.clear();  // copies still in flight when the previous block ended never land
       f.groups.clear();
-      f.bulk_open.clear();
-      f.bulk_groups.clear();
-      f.wgmma_open.clear();
-      f.wgmma_groups.clear();
+      f.bulk.clear();
+      f.wgmma.clear();
       getcontext(&f.context);
       f.context.uc_stack.ss_sp = f.stack.data();
       f.context.uc_stack.ss_size = f.stack.size();
