@@ -179,7 +179,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
                               tensor_map(q, Tr::kBlockM),
                               tensor_map(k, Tr::kBlockN),
                               tensor_map(v, Tr::kBlockN),
-                              tensor_map(out, Tr::kBlockM / Tr::kConsumers),
+                              tensor_map(out, Tr::kConsumerRows),
                               m_tiles,
                               docs};
       const dim3 grid =

@@ -29,8 +29,9 @@ using fa2::Visits;
 
 template <typename T, int D>
 struct FwdTraits {
-  static constexpr int kConsumers = 2;              // consumer warpgroups, 64 query rows each
-  static constexpr int kBlockM = 64 * kConsumers;  // query rows per block
+  static constexpr int kConsumers = 2;                        // consumer warpgroups
+  static constexpr int kConsumerRows = 64;                    // query rows per consumer: a wgmma's M
+  static constexpr int kBlockM = kConsumerRows * kConsumers;  // query rows per block
   // Keys per tile: S (64 x 128) and O (64 x D) accumulators and P's fragments fit a consumer's 240 registers at
   // D = 128.
   static constexpr int kBlockN = 128;
@@ -294,14 +295,15 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       for (int d = 0; d < D / 8; ++d)
 #pragma unroll
         for (int c = 0; c < 4; ++c) o[d][c] *= c < 2 ? inv.x : inv.y;
-      unsigned char* so = sO + wg * 64 * D * sizeof(T);  // (64, D), swizzled
+      constexpr int kRows = Tr::kConsumerRows;
+      unsigned char* so = sO + wg * kRows * D * sizeof(T);  // (kRows, D), swizzled
       if (threadIdx.x % 128 == 0) bulk_wait_read<0>();   // the consumer's last store has read it
       named_sync(kOStored0 + wg, 128);
-      store_swizzled<T, 64, D>(so, o, 16 * (threadIdx.x / 32 % 4));
+      store_swizzled<T, kRows, D>(so, o, 16 * (threadIdx.x / 32 % 4));
       fence_proxy_async();
       named_sync(kOStored0 + wg, 128);  // the consumer's rows are stored
       if (threadIdx.x % 128 == 0) {
-        tma_store_tile<64, D>(a.o, so, h, doc.q_start + m_blk * BM + 64 * wg, map_batch(p, b));
+        tma_store_tile<kRows, D>(a.o, so, h, doc.q_start + m_blk * BM + kRows * wg, map_batch(p, b));
         bulk_commit();
       }
     } else {
