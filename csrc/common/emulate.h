@@ -47,6 +47,10 @@ struct float2 {
   float x, y;
 };
 inline float2 make_float2(float x, float y) { return {x, y}; }
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 // 16-bit floating-point storage types with the CUDA names the kernels are instantiated with.
 struct __nv_bfloat16 {

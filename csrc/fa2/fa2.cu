@@ -37,7 +37,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   host::add_attributes(m);
   m.def("forward", &host::forward<CudaLaunch>, "FA2 attention forward (writes out and lse)");
   m.def("forward_fa3", &host::forward<CudaLaunch, true>, "the Hopper forward where built (`fa3`), else FA2's");
-  m.def("prepare", &host::prepare<CudaLaunch>, "backward preprocessing: delta = rowsum(dO * O) - dlse, lse in log2");
+  m.def("prepare", &host::prepare<CudaLaunch>, "backward preprocessing: delta = rowsum(dO * O) - dlse, lse in log2, dq_accum zeroed");
   m.def("backward", &host::backward<CudaLaunch>, "FA2 attention backward (accumulates dq_accum, writes dk and dv)");
   m.def("backward_fa3", &host::backward<CudaLaunch, true>, "the Hopper backward where built (`fa3`), else FA2's");
 }

@@ -270,7 +270,10 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
 
 template <typename Launch>
 void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& lse,
-             const std::optional<at::Tensor>& dlse, at::Tensor& lse_log2, at::Tensor& delta) {
+             const std::optional<at::Tensor>& dlse, at::Tensor& lse_log2, at::Tensor& delta, at::Tensor& dq_accum) {
+  TORCH_CHECK(dq_accum.scalar_type() == at::kFloat && dq_accum.is_contiguous() && dq_accum.numel() % 4 == 0 &&
+                  reinterpret_cast<uintptr_t>(dq_accum.data_ptr()) % 16 == 0,
+              "prepare: dq_accum must be contiguous float32 of whole 16-byte chunks");
   const Launch launch(out.device());
   const bool packed = out.dim() == 3;
   PrepArgs a{};
@@ -286,6 +289,8 @@ void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& ls
   a.rows = static_cast<int>(packed ? out.size(0) : out.size(0) * out.size(1));
   a.heads = static_cast<int>(out.size(-2));
   a.head_dim = static_cast<int>(out.size(-1));
+  a.dq_accum = reinterpret_cast<float4*>(dq_accum.data_ptr<float>());
+  a.dq_chunks = dq_accum.numel() / 4;
   // 16-byte reads where every row starts 16-byte aligned and holds whole chunks of 8
   const auto aligned = [](const at::Tensor& t) {
     bool ok = t.size(-1) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
