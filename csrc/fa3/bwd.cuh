@@ -68,6 +68,9 @@ struct BwdTraits {
   static constexpr int kSmem = 2 * kKvStages * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
                                4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
+  // An item's dK and dV leave through the two dS^T buffers where both fit (D = 64), else dV through dQ's, which
+  // must first wait for the dQ warp's last reduction to have read it.
+  static constexpr bool kDkvThroughDs = 2 * kDsBytes >= 2 * kKeyTileBytes;
 };
 
 // The backward's arguments: fa2's, and the tensor maps of its TMA copies (tma.cuh; boxes of kBlockM query rows,
@@ -112,8 +115,8 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
 // The dQ warp of the backward's producer, for one item: per visited query tile, once the consumers have stored its
 // dQ (BM x D, float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees
 // sdQ once they have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked
-// to 0). At the item's end the warp meets the consumers at kDqFree once more (a sync, so that it never arrives a
-// phase ahead): sdQ then carries the item's dV out.
+// to 0). At D = 128 the warp meets the consumers at kDqFree once more at the item's end (a sync, so that it never
+// arrives a phase ahead): sdQ then carries the item's dV out (BwdTraits::kDkvThroughDs).
 template <typename Tr>
 __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
                                              const Document& doc, int b, int batch, int hk, int n_blk, int chunk) {
@@ -131,7 +134,7 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
     }
     __syncwarp();
   }
-  named_sync(kDqFree, Tr::kDqThreads);
+  if constexpr (!Tr::kDkvThroughDs) named_sync(kDqFree, Tr::kDqThreads);
 }
 
 template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
@@ -402,23 +405,27 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     }
     if (lane == 0) mbar_arrive(kv_empty + kv);  // the warp's MMAs are done with K and V: a later item's may come
     ++n;
-    // The item's dK and dV (2 x (BN, D)) go out through the dS^T buffers and dQ's, once the dQ warp's last reduction
-    // has read sdQ (the consumers meet it there, the other consumer's last dQ MMAs done with sdS too), while the
-    // next item's Q and dO land in the query stages and its first MMAs run. A whole key tile goes out by TMA
-    // (128-byte lines instead of every thread's 4-byte stores); a tile past a varlen document's end and a split
-    // tile's part (float32 sums) keep fa2's stores.
-    if (!p.deterministic) named_sync(kDqFree, Tr::kDqThreads);
+    // The item's dK and dV (2 x (BN, D)) go out through the dS^T buffers, and at D = 128 dV through dQ's, while the
+    // next item's Q and dO land in the query stages and its first MMAs run. The last tile's kDqFree has ordered
+    // both consumers' dQ MMAs (done with sdS) before it; at D = 128 the consumers meet the dQ warp there once more,
+    // for its last reduction to have read sdQ. A whole key tile goes out by TMA (128-byte lines instead of every
+    // thread's 4-byte stores); a tile past a varlen document's end and a split tile's part (float32 sums) keep
+    // fa2's stores.
+    if constexpr (!Tr::kDkvThroughDs) {
+      if (!p.deterministic) named_sync(kDqFree, Tr::kDqThreads);
+    }
     if (!split && (p.cu_seqlens_k == nullptr || (n_blk + 1) * BN <= doc.lk)) {
       static_assert(2 * Tr::kDsBytes >= Tr::kKeyTileBytes && Tr::kDqBytes >= Tr::kKeyTileBytes,
                     "dK fits the dS^T buffers and dV dQ's");
+      unsigned char* sdV = Tr::kDkvThroughDs ? sdS0 + Tr::kDsBytes : sdQ;
       settle();
       store_swizzled<T, BN, D>(sdS0, dk[0], key0);
-      store_swizzled<T, BN, D>(sdQ, dv[0], key0);
+      store_swizzled<T, BN, D>(sdV, dv[0], key0);
       fence_proxy_async();
       named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
       if (thread == 0) {
         tma_store_tile<BN, D>(a.dk, sdS0, hk, doc.k_start + n_blk * BN, batch);
-        tma_store_tile<BN, D>(a.dv, sdQ, hk, doc.k_start + n_blk * BN, batch);
+        tma_store_tile<BN, D>(a.dv, sdV, hk, doc.k_start + n_blk * BN, batch);
         bulk_commit();
       }
       storing = true;
