@@ -96,6 +96,20 @@ template <int N>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
+// Until at most N of this thread's bulk groups are incomplete: the rest's writes to global memory are done.
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Adds 1 to a global counter and returns its old value, ordered after this thread's completed bulk writes
+// (bulk_wait) and with acquire-release semantics: a thread of any block that reads the count, then acquires,
+// sees those writes and everything it ordered before its own increment.
+__device__ __forceinline__ int count_after_bulk_writes(int* counter) {
+  int old;
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the async proxy's writes before the generic proxy's
+  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
 
 // The map of a tensor as {D, heads, rows, batches} (strides in elements between heads, rows and batches, D
 // contiguous; all multiples of 16 bytes and the start 16-byte aligned, as fa2.py's _kernel_layout and host.h's
@@ -223,6 +237,11 @@ template <int N>
 inline void bulk_wait_read() {
   emu::bulk_wait(N);
 }
+template <int N>
+inline void bulk_wait() {
+  emu::bulk_wait(N);
+}
+inline int count_after_bulk_writes(int* counter) { return (*counter)++; }  // fibers never interleave inside it
 #endif
 
 // A whole swizzled (ROWS, D) tile, its D / 64 panels of ROWS lines one box each: rows [row, row + ROWS) of head
