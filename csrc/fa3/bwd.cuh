@@ -34,6 +34,11 @@
 
 namespace legalpt::fa3 {
 
+// A query tile of one head: document b, query tile m (of kBlockM rows).
+struct DqTile {
+  int b, h, m;
+};
+
 template <typename T, int D>
 struct BwdTraits {
   static constexpr int kHeadDim = D;
@@ -67,9 +72,14 @@ struct BwdTraits {
   // K and V (kKvStages times); Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes
   // to align to the swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next
   // item's Q and dO may land in the query stages meanwhile.
-  static constexpr int kStageBytes = kBlockM * 64 * sizeof(float);  // finish_dq_tile's: 64 columns of dq_accum
+  static constexpr int kStageBytes = kBlockM * 64 * sizeof(float);  // convert_dq_tile's: 64 columns of dq_accum
+  // Query tiles whose dQ reductions are in flight before the dQ warp awaits the oldest's completion and counts it
+  // (add_dq_tiles): a reduction completes microseconds after it has read shared memory, and awaited one tile later
+  // it stalled the consumers (backward 4.2 -> 11.8 ms at the 64k d64 window).
+  static constexpr int kDqLag = 8;
   static constexpr int kSmem = 2 * kKvStages * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
-                               kStageBytes + 4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
+                               kStageBytes + 4 * kBlockM * sizeof(float) + kDqLag * sizeof(DqTile) +
+                               kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
   // An item's dK and dV leave through the two dS^T buffers where both fit (D = 64), else dV through dQ's, which
   // must first wait for the dQ warp's last reduction to have read it.
@@ -120,28 +130,28 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
   return item;
 }
 
-// A query tile of one head (document b, query tile m) whose dQ reductions the dQ warp issued last; b < 0: none.
-struct DqTile {
-  int b, h, m;
-};
-
-// Counts tile t's reductions (issued by this warp's lane 0) as done; the key tile that completes the count converts
-// the tile's rows of dq_accum (float32, final now) into dq, 64 columns at a time through `stage`: each lane copies
-// its 16-byte chunks by cp.async (many reads in flight at the producer's few registers) and converts the same ones.
-// Rows past a varlen document's end are the next document's tile's.
-template <typename T, typename Tr>
-__device__ __forceinline__ void finish_dq_tile(const BwdArgs& a, const DqTile& t, float* stage) {
-  constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
+// Counts tile t's reductions as done (lane 0, which issued them, has awaited their completion): whether this key
+// tile's completes the count, the tile's rows of dq_accum final then. Lane 0 acquires; the warp gets the answer.
+__device__ __forceinline__ bool count_dq_tile(const BwdArgs& a, const DqTile& t) {
   const Params& p = a.p;
-  const int lane = threadIdx.x % 32;
   int last = 0;
-  if (lane == 0) {
-    bulk_wait<0>();  // the reductions are done in global memory, not only read from shared memory
+  if (threadIdx.x % 32 == 0) {
     int* arrivals = a.dq_arrivals + (static_cast<int64_t>(t.b) * p.heads + t.h) * a.m_tiles + t.m;
     last = count_after_bulk_writes(arrivals) == fa2::visits(a.by_query, t.b, t.h, t.m).count - 1;
   }
-  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  last = __shfl_sync(0xffffffffu, last, 0);
   __syncwarp();  // lane 0's acquire, ordered before every lane's reads
+  return last;
+}
+
+// A warp converts tile t's rows of dq_accum (final) into dq, 64 columns at a time through `stage`: each lane copies
+// its 16-byte chunks by cp.async (many reads in flight at the producer's few registers) and converts the same ones.
+// Rows past a varlen document's end are the next document's tile's.
+template <typename T, typename Tr>
+__device__ __forceinline__ void convert_dq_tile(const BwdArgs& a, const DqTile& t, float* stage) {
+  constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
+  const Params& p = a.p;
+  const int lane = threadIdx.x % 32;
   const Document doc = fa2::document(p, t.b);
   const float* from = fa2::row_ptr<float>(p.dq_accum, t.b, doc.q_start, t.m * BM, t.h);
   T* to = fa2::row_ptr<T>(a.dq_out, t.b, doc.q_start, t.m * BM, t.h);
@@ -160,7 +170,7 @@ __device__ __forceinline__ void finish_dq_tile(const BwdArgs& a, const DqTile& t
   }
 }
 
-// dq's rows of the query tiles that no key tile visits (so that finish_dq_tile never converts them) set to zero,
+// dq's rows of the query tiles that no key tile visits (so that none converts them) set to zero,
 // a lane per tile, the tiles shared by the blocks. Such tiles hold rows that see no key: rare, and cheap to find.
 template <typename T, typename Tr>
 __device__ __forceinline__ void zero_unvisited_dq(const BwdArgs& a) {
@@ -184,18 +194,22 @@ __device__ __forceinline__ void zero_unvisited_dq(const BwdArgs& a) {
 // to 0). At D = 128 the warp meets the consumers at kDqFree once more at the item's end (a sync, so that it never
 // arrives a phase ahead): sdQ then carries the item's dV out (BwdTraits::kDkvThroughDs).
 //
-// A tile's reductions are counted one tile later (`pending`, carried over items), after its next tile's kDqFree
-// arrival: their completion is awaited, and the conversion run, while the consumers compute that next tile.
+// The warp's seq-th tile (over the block's items) is counted kDqLag tiles later (`lag`, a ring of the tiles in
+// flight), after the consumers are free to store the next tile's dQ: the completion is awaited, and a conversion
+// run, while they compute it.
 template <typename T, typename Tr>
 __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
                                              const Document& doc, int b, int batch, int hk, int n_blk, int chunk,
-                                             DqTile& pending, float* stage) {
-  constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
+                                             int& seq, DqTile* lag, float* stage) {
+  constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim, kLag = Tr::kDqLag;
   const Params& p = a.p;
-  for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk)) {
+  for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk), ++seq) {
     named_arrive(kDqFree, Tr::kDqThreads);
-    if (pending.b >= 0) finish_dq_tile<T, Tr>(a, pending, stage);
-    pending = {b, hk * p.kv_group + work.g, work.tile};
+    if (seq >= kLag) {  // the tile kLag back: its group is the oldest in flight
+      if (threadIdx.x % 32 == 0) bulk_wait<kLag - 1>();
+      const DqTile t = lag[seq % kLag];
+      if (count_dq_tile(a, t)) convert_dq_tile<T, Tr>(a, t, stage);
+    }
     named_sync(kDqStored, Tr::kDqThreads);
     if (threadIdx.x % 32 == 0) {
       const int h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
@@ -203,6 +217,7 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
       for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128, 32 * c, h, row, batch);
       bulk_commit();
       bulk_wait_read<0>();  // the reductions have read sdQ
+      lag[seq % kLag] = {b, h, work.tile};
     }
     __syncwarp();
   }
@@ -226,7 +241,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   float* sStage = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);      // (BM, 64) float32: finish_dq_tile's
   float* sLse0 = sStage + BM * 64;                                   // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
+  DqTile* sLag = reinterpret_cast<DqTile*>(sDelta0 + 2 * BM);        // kDqLag: the dQ warp's tiles in flight
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sLag + Tr::kDqLag);
   uint64_t *kv_full = bars, *kv_empty = bars + kKvStages;  // per K and V buffer
   uint64_t *q_full = kv_empty + kKvStages, *q_empty = q_full + 2;  // per query stage
   const int items = a.key_blocks * a.documents * (p.heads / p.kv_group);
@@ -253,7 +269,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     const int warp = threadIdx.x / 32;         // where nothing would
     if (warp == 3 && !p.deterministic) zero_unvisited_dq<T, Tr>(a);
     if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
-    DqTile pending{-1};  // the dQ warp's
+    int dq_seq = 0;  // the dQ warp's tiles so far
     for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
       BwdItem item = bwd_item<BN>(a, i);
       if (item.skipped) continue;
@@ -261,7 +277,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       const Document& doc = item.doc;
       fa2::BwdWork& work = item.work;
       if (warp == 2) {
-        add_dq_tiles<T, Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk, pending, sStage);
+        add_dq_tiles<T, Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk, dq_seq, sLag, sStage);
         continue;
       }
       if (warp == 0) {  // K and V once the last item's MMAs are done with them
@@ -296,7 +312,12 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         fa2::advance(p, work, b, hk, n_blk, chunk);
       }
     }
-    if (warp == 2 && pending.b >= 0) finish_dq_tile<T, Tr>(a, pending, sStage);  // the block's last tile
+    if (warp == 2) {  // the block's last tiles in flight
+      if (lane == 0) bulk_wait<0>();
+      for (int j = max(0, dq_seq - Tr::kDqLag); j < dq_seq; ++j) {
+        if (count_dq_tile(a, sLag[j % Tr::kDqLag])) convert_dq_tile<T, Tr>(a, sLag[j % Tr::kDqLag], sStage);
+      }
+    }
     return;
   }
 
