@@ -441,6 +441,7 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
 inline void __syncthreads() { legalpt::emu::block.block_barrier.arrive(); }
 
 inline void __syncwarp(unsigned = 0xffffffffu) { legalpt::emu::warp_sync(); }
+inline void __threadfence() {}  // one block runs at a time: every write is seen
 
 inline bool __any_sync(unsigned, bool predicate) {
   using namespace legalpt::emu;

@@ -67,8 +67,11 @@ struct BwdTraits {
   // Buffers of K and V: at D = 64 two, so that on persistent windows the next item's K and V land while this item
   // computes (with one, its copies start only once the item's last MMAs are done). At D = 128 they would not fit.
   static constexpr int kKvStages = D == 64 ? 2 : 1;
-  // mbarriers: per K and V buffer, its copies' (full) and its release (empty); per query stage likewise
-  static constexpr int kBarriers = 2 * kKvStages + 4;
+  // Tiles the dQ warp hands warp 3 to convert (convert_dq_tile), so that a conversion never holds up the reductions
+  static constexpr int kConvSlots = 4;
+  // mbarriers: per K and V buffer, its copies' (full) and its release (empty); per query stage and per conversion
+  // slot likewise
+  static constexpr int kBarriers = 2 * kKvStages + 4 + 2 * kConvSlots;
   // K and V (kKvStages times); Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes
   // to align to the swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next
   // item's Q and dO may land in the query stages meanwhile.
@@ -78,7 +81,7 @@ struct BwdTraits {
   // it stalled the consumers (backward 4.2 -> 11.8 ms at the 64k d64 window).
   static constexpr int kDqLag = 8;
   static constexpr int kSmem = 2 * kKvStages * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
-                               kStageBytes + 4 * kBlockM * sizeof(float) + kDqLag * sizeof(DqTile) +
+                               kStageBytes + 4 * kBlockM * sizeof(float) + (kDqLag + kConvSlots) * sizeof(DqTile) +
                                kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
   // An item's dK and dV leave through the two dS^T buffers where both fit (D = 64), else dV through dQ's, which
@@ -188,6 +191,35 @@ __device__ __forceinline__ void zero_unvisited_dq(const BwdArgs& a) {
   }
 }
 
+// The tiles the dQ warp hands warp 3 for conversion: a ring of kConvSlots slots, each with a full and an empty
+// mbarrier (one arrival each); a tile with b < 0 ends warp 3's loop. `count`: the tiles handed or taken so far.
+template <int kSlots>
+struct Handover {
+  DqTile* slots;
+  uint64_t *full, *empty;
+  int count = 0;
+
+  __device__ __forceinline__ void hand(const DqTile& t) {  // by the dQ warp: every lane
+    const int s = count % kSlots;
+    if (count >= kSlots) mbar_wait(empty + s, (count / kSlots - 1) % 2);
+    if (threadIdx.x % 32 == 0) {
+      slots[s] = t;
+      mbar_arrive(full + s);
+    }
+    ++count;
+  }
+  __device__ __forceinline__ DqTile take() {  // by warp 3: every lane
+    const int s = count % kSlots;
+    mbar_wait(full + s, count / kSlots % 2);
+    return slots[s];
+  }
+  __device__ __forceinline__ void done() {  // by warp 3, once the taken tile is converted
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(empty + count % kSlots);
+    ++count;
+  }
+};
+
 // The dQ warp of the backward's producer, for one item: per visited query tile, once the consumers have stored its
 // dQ (BM x D, float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees
 // sdQ once they have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked
@@ -195,12 +227,12 @@ __device__ __forceinline__ void zero_unvisited_dq(const BwdArgs& a) {
 // arrives a phase ahead): sdQ then carries the item's dV out (BwdTraits::kDkvThroughDs).
 //
 // The warp's seq-th tile (over the block's items) is counted kDqLag tiles later (`lag`, a ring of the tiles in
-// flight), after the consumers are free to store the next tile's dQ: the completion is awaited, and a conversion
-// run, while they compute it.
-template <typename T, typename Tr>
+// flight), after the consumers are free to store the next tile's dQ, so that its completion is awaited while they
+// compute that tile; a tile whose count this completes goes to warp 3 (`conv`).
+template <typename Tr>
 __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
                                              const Document& doc, int b, int batch, int hk, int n_blk, int chunk,
-                                             int& seq, DqTile* lag, float* stage) {
+                                             int& seq, DqTile* lag, Handover<Tr::kConvSlots>& conv) {
   constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim, kLag = Tr::kDqLag;
   const Params& p = a.p;
   for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk), ++seq) {
@@ -208,7 +240,7 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
     if (seq >= kLag) {  // the tile kLag back: its group is the oldest in flight
       if (threadIdx.x % 32 == 0) bulk_wait<kLag - 1>();
       const DqTile t = lag[seq % kLag];
-      if (count_dq_tile(a, t)) convert_dq_tile<T, Tr>(a, t, stage);
+      if (count_dq_tile(a, t)) conv.hand(t);
     }
     named_sync(kDqStored, Tr::kDqThreads);
     if (threadIdx.x % 32 == 0) {
@@ -242,9 +274,11 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   float* sLse0 = sStage + BM * 64;                                   // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
   DqTile* sLag = reinterpret_cast<DqTile*>(sDelta0 + 2 * BM);        // kDqLag: the dQ warp's tiles in flight
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sLag + Tr::kDqLag);
+  DqTile* sConv = sLag + Tr::kDqLag;                                 // kConvSlots: tiles for warp 3 to convert
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sConv + Tr::kConvSlots);
   uint64_t *kv_full = bars, *kv_empty = bars + kKvStages;  // per K and V buffer
   uint64_t *q_full = kv_empty + kKvStages, *q_empty = q_full + 2;  // per query stage
+  Handover<Tr::kConvSlots> conv{sConv, q_empty + 2, q_empty + 2 + Tr::kConvSlots};
   const int items = a.key_blocks * a.documents * (p.heads / p.kv_group);
   const int lane = threadIdx.x % 32;
 
@@ -257,6 +291,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       mbar_init(q_full + s, 1 + 32);                      // the TMA thread's and the second warp's 32 lanes'
       mbar_init(q_empty + s, kConsumerThreads / 32);
     }
+    for (int s = 0; s < Tr::kConvSlots; ++s) {
+      mbar_init(conv.full + s);
+      mbar_init(conv.empty + s);
+    }
     mbar_fence_init();
   }
   __syncthreads();  // the barriers are initialized; the warpgroups part here
@@ -265,9 +303,16 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   // whose key tile starts past its document's end is skipped by all; one that no query sees still stores zeros.
 
   if (threadIdx.x < 128) {  // the producer: thread 0 issues the TMA copies, warp 1 the logsumexp's and delta's,
-    registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum and converts it, warp 3 zeroes dq
-    const int warp = threadIdx.x / 32;         // where nothing would
-    if (warp == 3 && !p.deterministic) zero_unvisited_dq<T, Tr>(a);
+    registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum, warp 3 converts it into dq
+    const int warp = threadIdx.x / 32;
+    if (warp == 3 && !p.deterministic) {
+      zero_unvisited_dq<T, Tr>(a);
+      for (DqTile t = conv.take(); t.b >= 0; t = conv.take()) {
+        __threadfence();  // after the dQ warp's acquire of the tile's count: dq_accum's rows are final
+        convert_dq_tile<T, Tr>(a, t, sStage);
+        conv.done();
+      }
+    }
     if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
     int dq_seq = 0;  // the dQ warp's tiles so far
     for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
@@ -277,7 +322,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       const Document& doc = item.doc;
       fa2::BwdWork& work = item.work;
       if (warp == 2) {
-        add_dq_tiles<T, Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk, dq_seq, sLag, sStage);
+        add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk, dq_seq, sLag, conv);
         continue;
       }
       if (warp == 0) {  // K and V once the last item's MMAs are done with them
@@ -315,8 +360,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     if (warp == 2) {  // the block's last tiles in flight
       if (lane == 0) bulk_wait<0>();
       for (int j = max(0, dq_seq - Tr::kDqLag); j < dq_seq; ++j) {
-        if (count_dq_tile(a, sLag[j % Tr::kDqLag])) convert_dq_tile<T, Tr>(a, sLag[j % Tr::kDqLag], sStage);
+        if (count_dq_tile(a, sLag[j % Tr::kDqLag])) conv.hand(sLag[j % Tr::kDqLag]);
       }
+      conv.hand({-1, 0, 0});  // warp 3's last
     }
     return;
   }
