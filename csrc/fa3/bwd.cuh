@@ -38,6 +38,12 @@ namespace legalpt::fa3 {
 struct DqTile {
   int b, h, m;
 };
+// Query tiles whose reductions are complete, that the dQ warp hands warp 3 to count (n < 0: the end)
+constexpr int kDqBatch = 4;
+struct DqBatch {
+  DqTile tiles[kDqBatch];
+  int n;
+};
 
 template <typename T, int D>
 struct BwdTraits {
@@ -67,7 +73,9 @@ struct BwdTraits {
   // Buffers of K and V: at D = 64 two, so that on persistent windows the next item's K and V land while this item
   // computes (with one, its copies start only once the item's last MMAs are done). At D = 128 they would not fit.
   static constexpr int kKvStages = D == 64 ? 2 : 1;
-  // Tiles the dQ warp hands warp 3 to convert (convert_dq_tile), so that a conversion never holds up the reductions
+  // Batches of tiles the dQ warp hands warp 3 to count and convert (count_dq_tiles), so that neither the fences of
+  // a count (about 3 us a tile in the dQ warp: the backward took 11.8 ms at the 64k d64 window against 4.2) nor a
+  // conversion holds up the reductions. One count's fences serve a batch.
   static constexpr int kConvSlots = 4;
   // mbarriers: per K and V buffer, its copies' (full) and its release (empty); per query stage and per conversion
   // slot likewise
@@ -80,9 +88,10 @@ struct BwdTraits {
   // (add_dq_tiles): a reduction completes microseconds after it has read shared memory, and awaited one tile later
   // it stalled the consumers (backward 4.2 -> 11.8 ms at the 64k d64 window).
   static constexpr int kDqLag = 8;
+  static constexpr int kDqRing = kDqLag + kDqBatch;  // the tiles issued and not yet handed over
   static constexpr int kSmem = 2 * kKvStages * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
-                               kStageBytes + 4 * kBlockM * sizeof(float) + (kDqLag + kConvSlots) * sizeof(DqTile) +
-                               kBarriers * sizeof(uint64_t) + 1024;
+                               kStageBytes + 4 * kBlockM * sizeof(float) + kDqRing * sizeof(DqTile) +
+                               kConvSlots * sizeof(DqBatch) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
   // An item's dK and dV leave through the two dS^T buffers where both fit (D = 64), else dV through dQ's, which
   // must first wait for the dQ warp's last reduction to have read it.
@@ -133,20 +142,6 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
   return item;
 }
 
-// Counts tile t's reductions as done (lane 0, which issued them, has awaited their completion): whether this key
-// tile's completes the count, the tile's rows of dq_accum final then. Lane 0 acquires; the warp gets the answer.
-__device__ __forceinline__ bool count_dq_tile(const BwdArgs& a, const DqTile& t) {
-  const Params& p = a.p;
-  int last = 0;
-  if (threadIdx.x % 32 == 0) {
-    int* arrivals = a.dq_arrivals + (static_cast<int64_t>(t.b) * p.heads + t.h) * a.m_tiles + t.m;
-    last = count_after_bulk_writes(arrivals) == fa2::visits(a.by_query, t.b, t.h, t.m).count - 1;
-  }
-  last = __shfl_sync(0xffffffffu, last, 0);
-  __syncwarp();  // lane 0's acquire, ordered before every lane's reads
-  return last;
-}
-
 // A warp converts tile t's rows of dq_accum (final) into dq, 64 columns at a time through `stage`: each lane copies
 // its 16-byte chunks by cp.async (many reads in flight at the producer's few registers) and converts the same ones.
 // Rows past a varlen document's end are the next document's tile's.
@@ -173,6 +168,29 @@ __device__ __forceinline__ void convert_dq_tile(const BwdArgs& a, const DqTile& 
   }
 }
 
+// Counts a batch's tiles (their reductions complete: the dQ warp awaited them) in BwdArgs::dq_arrivals and
+// converts those whose count this completes, their rows of dq_accum final then: lane 0 releases the batch's
+// reductions, counts, and acquires the other key tiles' where a count is complete; the warp converts.
+template <typename T, typename Tr>
+__device__ __forceinline__ void count_dq_tiles(const BwdArgs& a, const DqBatch& batch, float* stage) {
+  const Params& p = a.p;
+  int last = 0;  // bit i: tile i's count is complete
+  if (threadIdx.x % 32 == 0) {
+    fence_bulk_writes();
+    for (int i = 0; i < batch.n; ++i) {
+      const DqTile& t = batch.tiles[i];
+      int* arrivals = a.dq_arrivals + (static_cast<int64_t>(t.b) * p.heads + t.h) * a.m_tiles + t.m;
+      if (count_relaxed(arrivals) == fa2::visits(a.by_query, t.b, t.h, t.m).count - 1) last |= 1 << i;
+    }
+    if (last != 0) fence_bulk_writes();
+  }
+  last = __shfl_sync(0xffffffffu, last, 0);
+  __syncwarp();  // lane 0's acquire, ordered before every lane's reads
+  for (int i = 0; i < batch.n; ++i) {
+    if (last >> i & 1) convert_dq_tile<T, Tr>(a, batch.tiles[i], stage);
+  }
+}
+
 // dq's rows of the query tiles that no key tile visits (so that none converts them) set to zero,
 // a lane per tile, the tiles shared by the blocks. Such tiles hold rows that see no key: rare, and cheap to find.
 template <typename T, typename Tr>
@@ -191,29 +209,32 @@ __device__ __forceinline__ void zero_unvisited_dq(const BwdArgs& a) {
   }
 }
 
-// The tiles the dQ warp hands warp 3 for conversion: a ring of kConvSlots slots, each with a full and an empty
-// mbarrier (one arrival each); a tile with b < 0 ends warp 3's loop. `count`: the tiles handed or taken so far.
+// The batches the dQ warp hands warp 3: a ring of kSlots slots, each with a full and an empty mbarrier (one
+// arrival each). `count`: the batches handed, or taken, so far.
 template <int kSlots>
 struct Handover {
-  DqTile* slots;
+  DqBatch* slots;
   uint64_t *full, *empty;
   int count = 0;
 
-  __device__ __forceinline__ void hand(const DqTile& t) {  // by the dQ warp: every lane
+  // By the dQ warp (every lane): tiles [first, first + n) of `ring` (kRing long), or the end where n < 0
+  template <int kRing>
+  __device__ __forceinline__ void hand(const DqTile* ring, int first, int n) {
     const int s = count % kSlots;
     if (count >= kSlots) mbar_wait(empty + s, (count / kSlots - 1) % 2);
     if (threadIdx.x % 32 == 0) {
-      slots[s] = t;
+      for (int i = 0; i < n; ++i) slots[s].tiles[i] = ring[(first + i) % kRing];
+      slots[s].n = n;
       mbar_arrive(full + s);
     }
     ++count;
   }
-  __device__ __forceinline__ DqTile take() {  // by warp 3: every lane
+  __device__ __forceinline__ const DqBatch& take() {  // by warp 3: every lane
     const int s = count % kSlots;
     mbar_wait(full + s, count / kSlots % 2);
     return slots[s];
   }
-  __device__ __forceinline__ void done() {  // by warp 3, once the taken tile is converted
+  __device__ __forceinline__ void done() {  // by warp 3, once the taken batch is counted and converted
     __syncwarp();
     if (threadIdx.x % 32 == 0) mbar_arrive(empty + count % kSlots);
     ++count;
@@ -226,21 +247,24 @@ struct Handover {
 // to 0). At D = 128 the warp meets the consumers at kDqFree once more at the item's end (a sync, so that it never
 // arrives a phase ahead): sdQ then carries the item's dV out (BwdTraits::kDkvThroughDs).
 //
-// The warp's seq-th tile (over the block's items) is counted kDqLag tiles later (`lag`, a ring of the tiles in
-// flight), after the consumers are free to store the next tile's dQ, so that its completion is awaited while they
-// compute that tile; a tile whose count this completes goes to warp 3 (`conv`).
+// The warp's tiles (over the block's items: `flow`) are listed in `ring`; once a batch of them has been issued
+// kDqLag tiles ago, its completion is awaited (after the consumers are free to store the next tile's dQ, so that it
+// runs while they compute that tile) and the batch goes to warp 3 to count.
+struct DqFlow {
+  int issued = 0, handed = 0;  // tiles
+};
 template <typename Tr>
 __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
                                              const Document& doc, int b, int batch, int hk, int n_blk, int chunk,
-                                             int& seq, DqTile* lag, Handover<Tr::kConvSlots>& conv) {
+                                             DqFlow& flow, DqTile* ring, Handover<Tr::kConvSlots>& conv) {
   constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim, kLag = Tr::kDqLag;
   const Params& p = a.p;
-  for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk), ++seq) {
+  for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk), ++flow.issued) {
     named_arrive(kDqFree, Tr::kDqThreads);
-    if (seq >= kLag) {  // the tile kLag back: its group is the oldest in flight
+    if (flow.issued - kLag + 1 - flow.handed >= kDqBatch) {  // tiles up to issued - kLag: complete once awaited
       if (threadIdx.x % 32 == 0) bulk_wait<kLag - 1>();
-      const DqTile t = lag[seq % kLag];
-      if (count_dq_tile(a, t)) conv.hand(t);
+      conv.template hand<Tr::kDqRing>(ring, flow.handed, kDqBatch);
+      flow.handed += kDqBatch;
     }
     named_sync(kDqStored, Tr::kDqThreads);
     if (threadIdx.x % 32 == 0) {
@@ -249,7 +273,7 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
       for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128, 32 * c, h, row, batch);
       bulk_commit();
       bulk_wait_read<0>();  // the reductions have read sdQ
-      lag[seq % kLag] = {b, h, work.tile};
+      ring[flow.issued % Tr::kDqRing] = {b, h, work.tile};
     }
     __syncwarp();
   }
@@ -273,8 +297,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   float* sStage = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);      // (BM, 64) float32: finish_dq_tile's
   float* sLse0 = sStage + BM * 64;                                   // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
-  DqTile* sLag = reinterpret_cast<DqTile*>(sDelta0 + 2 * BM);        // kDqLag: the dQ warp's tiles in flight
-  DqTile* sConv = sLag + Tr::kDqLag;                                 // kConvSlots: tiles for warp 3 to convert
+  DqTile* sRing = reinterpret_cast<DqTile*>(sDelta0 + 2 * BM);       // kDqRing: the dQ warp's tiles not handed over
+  DqBatch* sConv = reinterpret_cast<DqBatch*>(sRing + Tr::kDqRing);  // kConvSlots: batches for warp 3 to count
   uint64_t* bars = reinterpret_cast<uint64_t*>(sConv + Tr::kConvSlots);
   uint64_t *kv_full = bars, *kv_empty = bars + kKvStages;  // per K and V buffer
   uint64_t *q_full = kv_empty + kKvStages, *q_empty = q_full + 2;  // per query stage
@@ -307,14 +331,13 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     const int warp = threadIdx.x / 32;
     if (warp == 3 && !p.deterministic) {
       zero_unvisited_dq<T, Tr>(a);
-      for (DqTile t = conv.take(); t.b >= 0; t = conv.take()) {
-        __threadfence();  // after the dQ warp's acquire of the tile's count: dq_accum's rows are final
-        convert_dq_tile<T, Tr>(a, t, sStage);
+      for (const DqBatch* batch = &conv.take(); batch->n >= 0; batch = &conv.take()) {
+        count_dq_tiles<T, Tr>(a, *batch, sStage);
         conv.done();
       }
     }
     if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
-    int dq_seq = 0;  // the dQ warp's tiles so far
+    DqFlow dq_flow;  // the dQ warp's
     for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
       BwdItem item = bwd_item<BN>(a, i);
       if (item.skipped) continue;
@@ -322,7 +345,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       const Document& doc = item.doc;
       fa2::BwdWork& work = item.work;
       if (warp == 2) {
-        add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk, dq_seq, sLag, conv);
+        add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk, dq_flow, sRing, conv);
         continue;
       }
       if (warp == 0) {  // K and V once the last item's MMAs are done with them
@@ -359,10 +382,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     }
     if (warp == 2) {  // the block's last tiles in flight
       if (lane == 0) bulk_wait<0>();
-      for (int j = max(0, dq_seq - Tr::kDqLag); j < dq_seq; ++j) {
-        if (count_dq_tile(a, sLag[j % Tr::kDqLag])) conv.hand(sLag[j % Tr::kDqLag]);
+      for (; dq_flow.handed < dq_flow.issued; dq_flow.handed += kDqBatch) {
+        conv.template hand<Tr::kDqRing>(sRing, dq_flow.handed, min(kDqBatch, dq_flow.issued - dq_flow.handed));
       }
-      conv.hand({-1, 0, 0});  // warp 3's last
+      conv.template hand<Tr::kDqRing>(sRing, 0, -1);  // warp 3's last
     }
     return;
   }

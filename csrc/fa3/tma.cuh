@@ -101,13 +101,17 @@ template <int N>
 __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
-// Adds 1 to a global counter and returns its old value, ordered after this thread's completed bulk writes
-// (bulk_wait) and with acquire-release semantics: a thread of any block that reads the count, then acquires,
-// sees those writes and everything it ordered before its own increment.
-__device__ __forceinline__ int count_after_bulk_writes(int* counter) {
-  int old;
+// Orders the completed bulk writes that this thread knows of (awaited by bulk_wait, here or in a thread that
+// handed them over through shared memory) before its later global accesses, for every thread of the GPU: the
+// release half of a count (count_relaxed), and the acquire half after one.
+__device__ __forceinline__ void fence_bulk_writes() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the async proxy's writes before the generic proxy's
-  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+}
+// Adds 1 to a global counter and returns its old value (no ordering of its own: fence_bulk_writes gives it)
+__device__ __forceinline__ int count_relaxed(int* counter) {
+  int old;
+  asm volatile("atom.add.relaxed.gpu.global.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
   return old;
 }
 
@@ -241,7 +245,8 @@ template <int N>
 inline void bulk_wait() {
   emu::bulk_wait(N);
 }
-inline int count_after_bulk_writes(int* counter) { return (*counter)++; }  // fibers never interleave inside it
+inline void fence_bulk_writes() {}  // one block runs at a time, and its bulk writes land at their waits
+inline int count_relaxed(int* counter) { return (*counter)++; }  // fibers never interleave inside it
 #endif
 
 // A whole swizzled (ROWS, D) tile, its D / 64 panels of ROWS lines one box each: rows [row, row + ROWS) of head
