@@ -51,10 +51,6 @@ struct alignas(16) float4 {
   float x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-struct alignas(8) uint2 {
-  uint32_t x, y;
-};
-inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
 
 // 16-bit floating-point storage types with the CUDA names the kernels are instantiated with.
 struct __nv_bfloat16 {
@@ -441,7 +437,6 @@ void launch(void (*kernel)(Args), dim3 grid, int threads, const Args& args) {
 inline void __syncthreads() { legalpt::emu::block.block_barrier.arrive(); }
 
 inline void __syncwarp(unsigned = 0xffffffffu) { legalpt::emu::warp_sync(); }
-inline void __threadfence() {}  // one block runs at a time: every write is seen
 
 inline bool __any_sync(unsigned, bool predicate) {
   using namespace legalpt::emu;
@@ -452,16 +447,6 @@ inline bool __any_sync(unsigned, bool predicate) {
   for (int l = 0; l < 32; ++l) any = any || s.value[l] != 0.f;
   warp_sync();
   return any;
-}
-
-inline int __shfl_sync(unsigned, int x, int src) {
-  using namespace legalpt::emu;
-  WarpScratch& s = warp_scratch();
-  s.regs[lane()][0] = static_cast<uint32_t>(x);
-  warp_sync();
-  const int y = static_cast<int>(s.regs[src][0]);
-  warp_sync();
-  return y;
 }
 
 inline float __shfl_xor_sync(unsigned, float x, int mask) {

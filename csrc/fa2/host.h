@@ -31,17 +31,6 @@ inline const int* optional_int_ptr(const std::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<int>() : nullptr;
 }
 
-// A BlockSchedule's tensors (legalpt/attention/blocks.py) as the kernels read them.
-inline Schedule schedule_view(const at::Tensor& counts, const at::Tensor& indices) {
-  Schedule s{};
-  s.counts = counts.data_ptr<int>();
-  s.indices = indices.data_ptr<int>();
-  s.stride_b = counts.size(0) > 1 ? counts.size(1) * counts.size(2) : 0;
-  s.stride_h = counts.size(1) > 1 ? counts.size(2) : 0;
-  s.cols = static_cast<int>(indices.size(3));
-  return s;
-}
-
 // Everything both directions read: inputs, documents, scaling, mask and schedule.
 inline Params common_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
                             const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k,
@@ -80,7 +69,11 @@ inline Params common_params(const at::Tensor& q, const at::Tensor& k, const at::
     p.mask.layout_stride_h = layout->size(1) > 1 ? layout->stride(1) : 0;
     p.mask.layout_stride_q = layout->stride(2);
   }
-  p.schedule = schedule_view(counts, indices);
+  p.schedule.counts = counts.data_ptr<int>();
+  p.schedule.indices = indices.data_ptr<int>();
+  p.schedule.stride_b = counts.size(0) > 1 ? counts.size(1) * counts.size(2) : 0;
+  p.schedule.stride_h = counts.size(1) > 1 ? counts.size(2) : 0;
+  p.schedule.cols = static_cast<int>(indices.size(3));
   return p;
 }
 
@@ -202,12 +195,9 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
 }
 
 // The backward: fa2's kernel, or with kFa3 the Hopper one (csrc/fa3) where the build has it; both over 128-key tiles.
-// dq gets dq_accum in q's type: from the Hopper kernel itself where it runs without `deterministic` (dq_counts and
-// dq_indices then list the key tiles that visit each of its query tiles), else by a copy at the end.
 template <typename Launch, bool kFa3 = false>
 void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-              const at::Tensor& lse_log2, const at::Tensor& delta, at::Tensor& dq_accum, at::Tensor& dq, at::Tensor& dk,
-              at::Tensor& dv,
+              const at::Tensor& lse_log2, const at::Tensor& delta, at::Tensor& dq_accum, at::Tensor& dk, at::Tensor& dv,
               const std::optional<at::Tensor>& cu_q, const std::optional<at::Tensor>& cu_k, int64_t max_q,
               int64_t max_k, const at::Tensor& counts, const at::Tensor& indices,
               const std::optional<at::Tensor>& layout, std::vector<int64_t> mask, double scale, double softcap,
@@ -229,7 +219,6 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   p.dkv_split = view(dkv_split);
   constexpr int kKeys = BwdTraits<__half, kHeadDim>::kBlockN;
   const int key_blocks = (max_k + kKeys - 1) / kKeys + p.split_tiles * (p.split_chunks - 1);
-  bool dq_done = false;
   dispatch(q, p, [&](auto tag, auto general) {
     using T = typename decltype(tag)::type;
     constexpr bool kGeneral = decltype(general)::value;
@@ -237,7 +226,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
 #ifdef LEGALPT_WITH_FA3
       using Tr = fa3::BwdTraits<T, kHeadDim>;
       static_assert(Tr::kBlockN == kKeys, "split_dkv_kernel and the grid assume fa2's key tiles");
-      fa3::BwdArgs args{p,
+      const fa3::BwdArgs args{p,
                               tensor_map(q, Tr::kBlockM),
                               tensor_map(dout, Tr::kBlockM),
                               tensor_map(k, Tr::kBlockN),
@@ -246,24 +235,12 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
                               tensor_map(dv, Tr::kBlockN),
                               tensor_map(dq_accum, Tr::kBlockM),
                               key_blocks,
-                              documents(q, cu_q),
-                              view(dq),
-                              schedule_view(dq_counts, dq_indices),
-                              nullptr,
-                              static_cast<int>((max_q + Tr::kBlockM - 1) / Tr::kBlockM)};
-      at::Tensor arrivals;
-      if (!deterministic) {
-        TORCH_CHECK(dq_counts.size(2) == args.m_tiles, "backward: dq_counts must list the fa3 backward's ",
-                    args.m_tiles, " query tiles, got ", dq_counts.size(2));
-        arrivals = at::zeros({int64_t{args.documents} * p.heads * args.m_tiles}, q.options().dtype(at::kInt));
-        args.dq_arrivals = arrivals.data_ptr<int>();
-      }
+                              documents(q, cu_q)};
       // Persistent where the key tiles cost alike: the next item's K, V, Q and dO load while this one's last tile
       // and its dK, dV store run
       const dim3 grid = item_grid(launch, int64_t{key_blocks} * args.documents * k.size(-2),
                                   balanced_items(p, cu_q.has_value()), "backward");
       if (grid.x > 0) launch(fa3::bwd_kernel<T, kHeadDim, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
-      dq_done = grid.x > 0 && !deterministic;
 #endif
     } else {
       using Tr = BwdTraits<T, kHeadDim>;
@@ -274,10 +251,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
       launch(split_dkv_kernel<T, kHeadDim>, dim3(p.split_tiles * kKeys, documents(q, cu_q)), 256, 0, p);
     }
   });
-  if (!deterministic) {
-    if (!dq_done) dq.copy_(dq_accum);
-    return;
-  }
+  if (!deterministic) return;
   // dQ over the forward schedule (dq_counts, dq_indices: the forward's tiles)
   Params pq = common_params(q, k, v, lse_log2, cu_q, cu_k, max_q, max_k, dq_counts, dq_indices, layout, mask,
                             scale, softcap);
@@ -292,7 +266,6 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
     using Tr = DqTraits<T, kHeadDim>;
     launch(dq_kernel<T, kHeadDim, decltype(general)::value>, dq_grid, Tr::kThreads, Tr::kSmem, pq);
   });
-  dq.copy_(dq_accum);
 }
 
 template <typename Launch>

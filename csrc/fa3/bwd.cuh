@@ -20,9 +20,7 @@
 // while this one computes and the consumers meet only where dQ needs both halves of dS^T (double-buffered, so that
 // one barrier per tile suffices). dQ leaves as FA3's does: the consumers put their float32 parts into a swizzled
 // tile in shared memory and the producer's third warp adds the tile into dq_accum by TMA reductions, so that the
-// consumers issue no atomics. The same warp turns dq_accum into dq: the key tiles that visit a query tile count
-// their finished reductions in BwdArgs::dq_arrivals, and the last converts its rows (finish_dq_tile), so that no
-// pass over the float32 sums follows the kernel (186 us of the 64k, d64 window's 6.4 ms).
+// consumers issue no atomics.
 #pragma once
 
 #include <type_traits>
@@ -33,17 +31,6 @@
 #include "warps.cuh"
 
 namespace legalpt::fa3 {
-
-// A query tile of one head: document b, query tile m (of kBlockM rows).
-struct DqTile {
-  int b, h, m;
-};
-// Query tiles whose reductions are complete, that the dQ warp hands warp 3 to count (n < 0: the end)
-constexpr int kDqBatch = 4;
-struct DqBatch {
-  DqTile tiles[kDqBatch];
-  int n;
-};
 
 template <typename T, int D>
 struct BwdTraits {
@@ -73,25 +60,13 @@ struct BwdTraits {
   // Buffers of K and V: at D = 64 two, so that on persistent windows the next item's K and V land while this item
   // computes (with one, its copies start only once the item's last MMAs are done). At D = 128 they would not fit.
   static constexpr int kKvStages = D == 64 ? 2 : 1;
-  // Batches of tiles the dQ warp hands warp 3 to count and convert (count_dq_tiles), so that neither the fences of
-  // a count (about 3 us a tile in the dQ warp: the backward took 11.8 ms at the 64k d64 window against 4.2) nor a
-  // conversion holds up the reductions. One count's fences serve a batch.
-  static constexpr int kConvSlots = 4;
-  // mbarriers: per K and V buffer, its copies' (full) and its release (empty); per query stage and per conversion
-  // slot likewise
-  static constexpr int kBarriers = 2 * kKvStages + 4 + 2 * kConvSlots;
+  // mbarriers: per K and V buffer, its copies' (full) and its release (empty); per query stage likewise
+  static constexpr int kBarriers = 2 * kKvStages + 4;
   // K and V (kKvStages times); Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes
   // to align to the swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next
   // item's Q and dO may land in the query stages meanwhile.
-  static constexpr int kStageBytes = kBlockM * 64 * sizeof(float);  // convert_dq_tile's: 64 columns of dq_accum
-  // Query tiles whose dQ reductions are in flight before the dQ warp awaits the oldest's completion and counts it
-  // (add_dq_tiles): a reduction completes microseconds after it has read shared memory, and awaited one tile later
-  // it stalled the consumers (backward 4.2 -> 11.8 ms at the 64k d64 window).
-  static constexpr int kDqLag = 8;
-  static constexpr int kDqRing = kDqLag + kDqBatch;  // the tiles issued and not yet handed over
   static constexpr int kSmem = 2 * kKvStages * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
-                               kStageBytes + 4 * kBlockM * sizeof(float) + kDqRing * sizeof(DqTile) +
-                               kConvSlots * sizeof(DqBatch) + kBarriers * sizeof(uint64_t) + 1024;
+                               4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
   // An item's dK and dV leave through the two dS^T buffers where both fit (D = 64), else dV through dQ's, which
   // must first wait for the dQ warp's last reduction to have read it.
@@ -106,11 +81,6 @@ struct BwdArgs {
   TensorMap dk, dv;  // stores of whole key tiles (boxes of kBlockN rows)
   TensorMap dq;      // reductions into dq_accum (float32, boxes of kBlockM rows)
   int key_blocks, documents;  // items: key_blocks (split parts first) x documents x key heads
-  // dq_accum into dq (finish_dq_tile), where p.deterministic is 0
-  fa2::Tensor4 dq_out;         // dq: like q, in q's type
-  fa2::Schedule by_query;      // the key tiles each (document, head, query tile of kBlockM rows) is visited by
-  int* dq_arrivals;            // (documents, heads, m_tiles) int32, zeroed: the visits whose reductions are done
-  int m_tiles;                 // query tiles of the longest document
 };
 
 // Item i: a key tile, or a split key tile's part (fa2::bwd_kernel's blockIdx.x), of one document and key head; a
@@ -142,130 +112,18 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
   return item;
 }
 
-// A warp converts tile t's rows of dq_accum (final) into dq, 64 columns at a time through `stage`: each lane copies
-// its 16-byte chunks by cp.async (many reads in flight at the producer's few registers) and converts the same ones.
-// Rows past a varlen document's end are the next document's tile's.
-template <typename T, typename Tr>
-__device__ __forceinline__ void convert_dq_tile(const BwdArgs& a, const DqTile& t, float* stage) {
-  constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
-  const Params& p = a.p;
-  const int lane = threadIdx.x % 32;
-  const Document doc = fa2::document(p, t.b);
-  const float* from = fa2::row_ptr<float>(p.dq_accum, t.b, doc.q_start, t.m * BM, t.h);
-  T* to = fa2::row_ptr<T>(a.dq_out, t.b, doc.q_start, t.m * BM, t.h);
-  const int chunks = min(BM, doc.lq - t.m * BM) * 16;  // 16 chunks of 4 floats per row of 64 columns
-  for (int c0 = 0; c0 < D; c0 += 64) {
-    for (int c = lane; c < chunks; c += 32) {
-      cp_async16(stage + 4 * c, from + c / 16 * p.dq_accum.row_stride + c0 + 4 * (c % 16), true);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    for (int c = lane; c < chunks; c += 32) {
-      const float4 x = *reinterpret_cast<const float4*>(stage + 4 * c);
-      *reinterpret_cast<uint2*>(to + c / 16 * a.dq_out.row_stride + c0 + 4 * (c % 16)) =
-          make_uint2(pack2<T>(x.x, x.y), pack2<T>(x.z, x.w));
-    }
-  }
-}
-
-// Counts a batch's tiles (their reductions complete: the dQ warp awaited them) in BwdArgs::dq_arrivals and
-// converts those whose count this completes, their rows of dq_accum final then: lane 0 releases the batch's
-// reductions, counts, and acquires the other key tiles' where a count is complete; the warp converts.
-template <typename T, typename Tr>
-__device__ __forceinline__ void count_dq_tiles(const BwdArgs& a, const DqBatch& batch, float* stage) {
-  const Params& p = a.p;
-  int last = 0;  // bit i: tile i's count is complete
-  if (threadIdx.x % 32 == 0) {
-    fence_bulk_writes();
-    for (int i = 0; i < batch.n; ++i) {
-      const DqTile& t = batch.tiles[i];
-      int* arrivals = a.dq_arrivals + (static_cast<int64_t>(t.b) * p.heads + t.h) * a.m_tiles + t.m;
-      if (count_relaxed(arrivals) == fa2::visits(a.by_query, t.b, t.h, t.m).count - 1) last |= 1 << i;
-    }
-    if (last != 0) fence_bulk_writes();
-  }
-  last = __shfl_sync(0xffffffffu, last, 0);
-  __syncwarp();  // lane 0's acquire, ordered before every lane's reads
-  for (int i = 0; i < batch.n; ++i) {
-    if (last >> i & 1) convert_dq_tile<T, Tr>(a, batch.tiles[i], stage);
-  }
-}
-
-// dq's rows of the query tiles that no key tile visits (so that none converts them) set to zero,
-// a lane per tile, the tiles shared by the blocks. Such tiles hold rows that see no key: rare, and cheap to find.
-template <typename T, typename Tr>
-__device__ __forceinline__ void zero_unvisited_dq(const BwdArgs& a) {
-  constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
-  const Params& p = a.p;
-  const int tiles = a.documents * p.heads * a.m_tiles;
-  for (int t = blockIdx.x * 32 + threadIdx.x % 32; t < tiles; t += gridDim.x * 32) {
-    const int m = t % a.m_tiles, h = t / a.m_tiles % p.heads, b = t / a.m_tiles / p.heads;
-    const Document doc = fa2::document(p, b);
-    if (m * BM >= doc.lq || fa2::visits(a.by_query, b, h, m).count > 0) continue;
-    for (int row = m * BM; row < min(doc.lq, m * BM + BM); ++row) {
-      T* out = fa2::row_ptr<T>(a.dq_out, b, doc.q_start, row, h);
-      for (int c = 0; c < D; c += 4) *reinterpret_cast<uint2*>(out + c) = make_uint2(0u, 0u);
-    }
-  }
-}
-
-// The batches the dQ warp hands warp 3: a ring of kSlots slots, each with a full and an empty mbarrier (one
-// arrival each). `count`: the batches handed, or taken, so far.
-template <int kSlots>
-struct Handover {
-  DqBatch* slots;
-  uint64_t *full, *empty;
-  int count = 0;
-
-  // By the dQ warp (every lane): tiles [first, first + n) of `ring` (kRing long), or the end where n < 0
-  template <int kRing>
-  __device__ __forceinline__ void hand(const DqTile* ring, int first, int n) {
-    const int s = count % kSlots;
-    if (count >= kSlots) mbar_wait(empty + s, (count / kSlots - 1) % 2);
-    if (threadIdx.x % 32 == 0) {
-      for (int i = 0; i < n; ++i) slots[s].tiles[i] = ring[(first + i) % kRing];
-      slots[s].n = n;
-      mbar_arrive(full + s);
-    }
-    ++count;
-  }
-  __device__ __forceinline__ const DqBatch& take() {  // by warp 3: every lane
-    const int s = count % kSlots;
-    mbar_wait(full + s, count / kSlots % 2);
-    return slots[s];
-  }
-  __device__ __forceinline__ void done() {  // by warp 3, once the taken batch is counted and converted
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbar_arrive(empty + count % kSlots);
-    ++count;
-  }
-};
-
 // The dQ warp of the backward's producer, for one item: per visited query tile, once the consumers have stored its
 // dQ (BM x D, float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees
 // sdQ once they have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked
 // to 0). At D = 128 the warp meets the consumers at kDqFree once more at the item's end (a sync, so that it never
 // arrives a phase ahead): sdQ then carries the item's dV out (BwdTraits::kDkvThroughDs).
-//
-// The warp's tiles (over the block's items: `flow`) are listed in `ring`; once a batch of them has been issued
-// kDqLag tiles ago, its completion is awaited (after the consumers are free to store the next tile's dQ, so that it
-// runs while they compute that tile) and the batch goes to warp 3 to count.
-struct DqFlow {
-  int issued = 0, handed = 0;  // tiles
-};
 template <typename Tr>
 __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
-                                             const Document& doc, int b, int batch, int hk, int n_blk, int chunk,
-                                             DqFlow& flow, DqTile* ring, Handover<Tr::kConvSlots>& conv) {
-  constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim, kLag = Tr::kDqLag;
+                                             const Document& doc, int b, int batch, int hk, int n_blk, int chunk) {
+  constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
   const Params& p = a.p;
-  for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk), ++flow.issued) {
+  for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk)) {
     named_arrive(kDqFree, Tr::kDqThreads);
-    if (flow.issued - kLag + 1 - flow.handed >= kDqBatch) {  // tiles up to issued - kLag: complete once awaited
-      if (threadIdx.x % 32 == 0) bulk_wait<kLag - 1>();
-      conv.template hand<Tr::kDqRing>(ring, flow.handed, kDqBatch);
-      flow.handed += kDqBatch;
-    }
     named_sync(kDqStored, Tr::kDqThreads);
     if (threadIdx.x % 32 == 0) {
       const int h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
@@ -273,7 +131,6 @@ __device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work
       for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128, 32 * c, h, row, batch);
       bulk_commit();
       bulk_wait_read<0>();  // the reductions have read sdQ
-      ring[flow.issued % Tr::kDqRing] = {b, h, work.tile};
     }
     __syncwarp();
   }
@@ -294,15 +151,11 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
   unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T; an item's dK at its end
   unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled; an item's dV
-  float* sStage = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);      // (BM, 64) float32: finish_dq_tile's
-  float* sLse0 = sStage + BM * 64;                                   // 2 x (BM) log2 domain
+  float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);       // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
-  DqTile* sRing = reinterpret_cast<DqTile*>(sDelta0 + 2 * BM);       // kDqRing: the dQ warp's tiles not handed over
-  DqBatch* sConv = reinterpret_cast<DqBatch*>(sRing + Tr::kDqRing);  // kConvSlots: batches for warp 3 to count
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sConv + Tr::kConvSlots);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
   uint64_t *kv_full = bars, *kv_empty = bars + kKvStages;  // per K and V buffer
   uint64_t *q_full = kv_empty + kKvStages, *q_empty = q_full + 2;  // per query stage
-  Handover<Tr::kConvSlots> conv{sConv, q_empty + 2, q_empty + 2 + Tr::kConvSlots};
   const int items = a.key_blocks * a.documents * (p.heads / p.kv_group);
   const int lane = threadIdx.x % 32;
 
@@ -315,10 +168,6 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       mbar_init(q_full + s, 1 + 32);                      // the TMA thread's and the second warp's 32 lanes'
       mbar_init(q_empty + s, kConsumerThreads / 32);
     }
-    for (int s = 0; s < Tr::kConvSlots; ++s) {
-      mbar_init(conv.full + s);
-      mbar_init(conv.empty + s);
-    }
     mbar_fence_init();
   }
   __syncthreads();  // the barriers are initialized; the warpgroups part here
@@ -327,17 +176,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   // whose key tile starts past its document's end is skipped by all; one that no query sees still stores zeros.
 
   if (threadIdx.x < 128) {  // the producer: thread 0 issues the TMA copies, warp 1 the logsumexp's and delta's,
-    registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum, warp 3 converts it into dq
+    registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum
     const int warp = threadIdx.x / 32;
-    if (warp == 3 && !p.deterministic) {
-      zero_unvisited_dq<T, Tr>(a);
-      for (const DqBatch* batch = &conv.take(); batch->n >= 0; batch = &conv.take()) {
-        count_dq_tiles<T, Tr>(a, *batch, sStage);
-        conv.done();
-      }
-    }
     if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
-    DqFlow dq_flow;  // the dQ warp's
     for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
       BwdItem item = bwd_item<BN>(a, i);
       if (item.skipped) continue;
@@ -345,7 +186,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       const Document& doc = item.doc;
       fa2::BwdWork& work = item.work;
       if (warp == 2) {
-        add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk, dq_flow, sRing, conv);
+        add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk);
         continue;
       }
       if (warp == 0) {  // K and V once the last item's MMAs are done with them
@@ -379,13 +220,6 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         }
         fa2::advance(p, work, b, hk, n_blk, chunk);
       }
-    }
-    if (warp == 2) {  // the block's last tiles in flight
-      if (lane == 0) bulk_wait<0>();
-      for (; dq_flow.handed < dq_flow.issued; dq_flow.handed += kDqBatch) {
-        conv.template hand<Tr::kDqRing>(sRing, dq_flow.handed, min(kDqBatch, dq_flow.issued - dq_flow.handed));
-      }
-      conv.template hand<Tr::kDqRing>(sRing, 0, -1);  // warp 3's last
     }
     return;
   }

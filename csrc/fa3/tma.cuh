@@ -96,24 +96,6 @@ template <int N>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
-// Until at most N of this thread's bulk groups are incomplete: the rest's writes to global memory are done.
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Orders the completed bulk writes that this thread knows of (awaited by bulk_wait, here or in a thread that
-// handed them over through shared memory) before its later global accesses, for every thread of the GPU: the
-// release half of a count (count_relaxed), and the acquire half after one.
-__device__ __forceinline__ void fence_bulk_writes() {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the async proxy's writes before the generic proxy's
-  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-}
-// Adds 1 to a global counter and returns its old value (no ordering of its own: fence_bulk_writes gives it)
-__device__ __forceinline__ int count_relaxed(int* counter) {
-  int old;
-  asm volatile("atom.add.relaxed.gpu.global.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
-  return old;
-}
 
 // The map of a tensor as {D, heads, rows, batches} (strides in elements between heads, rows and batches, D
 // contiguous; all multiples of 16 bytes and the start 16-byte aligned, as fa2.py's _kernel_layout and host.h's
@@ -241,12 +223,6 @@ template <int N>
 inline void bulk_wait_read() {
   emu::bulk_wait(N);
 }
-template <int N>
-inline void bulk_wait() {
-  emu::bulk_wait(N);
-}
-inline void fence_bulk_writes() {}  // one block runs at a time, and its bulk writes land at their waits
-inline int count_relaxed(int* counter) { return (*counter)++; }  // fibers never interleave inside it
 #endif
 
 // A whole swizzled (ROWS, D) tile, its D / 64 panels of ROWS lines one box each: rows [row, row + ROWS) of head

@@ -122,25 +122,22 @@ def backward(
     delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
     dq_accum = torch.empty(qk.shape, device=q.device, dtype=torch.float32)  # zeroed by prepare
     ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta, dq_accum)
-    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (qk, kk, vk))  # contiguous
+    dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (kk, vk))  # contiguous, as ops promise
     split_tiles, split_chunks = _split(spec.global_tokens, max_seqlen_q, max_seqlen_k, tile, deterministic)
     documents = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
     rows = split_tiles * tile[1]  # (documents, rows, key heads, dK and dV)
     dkv_split = torch.zeros((documents, rows, kk.shape[-2], 2 * ext.head_dim), device=q.device, dtype=torch.float32)
     shape = (spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     by_key_tile = schedule_for(*shape, tile, transposed=True, device=q.device)
-    # deterministic: dQ gets its own pass over fa2's forward tiles (csrc/fa2/bwd.cuh); else the Hopper kernel counts
-    # the key tiles that visit each of its query tiles before it turns their dQ sums into dq
-    by_query_tile = by_key_tile
-    if deterministic or hopper:
-        dq_tile = ext.fwd_tile if deterministic else tile
-        by_query_tile = schedule_for(*shape, dq_tile, transposed=False, device=q.device)
+    by_query_tile = by_key_tile  # deterministic: dQ gets its own pass over fa2's forward tiles (csrc/fa2/bwd.cuh)
+    if deterministic:
+        by_query_tile = schedule_for(*shape, ext.fwd_tile, transposed=False, device=q.device)
     launch(
-        dok, qk, kk, vk, lse_log2, delta, dq_accum, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        dok, qk, kk, vk, lse_log2, delta, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         max_seqlen_k, by_key_tile.counts, by_key_tile.indices, _layout(spec), _mask_ints(spec), softmax_scale, softcap,
         by_query_tile.counts, by_query_tile.indices, deterministic, split_tiles, split_chunks, dkv_split,
     )  # fmt: skip
-    return _unpad(dq, head_dim), _unpad(dk, head_dim), _unpad(dv, head_dim)
+    return _unpad(dq_accum.to(q.dtype), head_dim), _unpad(dk, head_dim), _unpad(dv, head_dim)
 
 
 def _split(
