@@ -11,8 +11,8 @@
 // keys, at D = 64 they take turns at the whole tile (BwdTraits::kDqCols). The order keeps the tensor cores fed: P^T
 // once S^T is done (dP^T still running), dV's MMAs issued, dS^T beside them, then dQ's MMAs before dK's, so that
 // dQ's store to shared memory runs beside dK's MMAs (the general kernels, whose softcap needs the raw score beside
-// dP^T, wait for both first), and the next query tile's S^T and dP^T behind dK's, so that they run while the
-// consumers hand dQ over and free the stage.
+// dP^T, wait for both first), and at D = 64 the next query tile's S^T and dP^T once dQ is handed over, behind
+// dK's, so that they run while the consumers wait for dK and free the stage.
 //
 // Warp-specialized as the forward (fwd.cuh): a producer warpgroup copies, two consumer warpgroups compute. The
 // producer's first thread brings K and V once and each query tile's Q and dO by TMA (tma.cuh), its second warp the
@@ -329,9 +329,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         // The thread's queries' logsumexp and delta (BwdTraits::kStatsEarly)
         float lse_q[BM / 8][2], delta_q[BM / 8][2];
         if constexpr (Tr::kStatsEarly) {
-  #pragma unroll
+#pragma unroll
           for (int n = 0; n < BM / 8; ++n)
-  #pragma unroll
+#pragma unroll
             for (int c = 0; c < 2; ++c) lse_q[n][c] = lse[query(n, c)], delta_q[n][c] = delta[query(n, c)];
         }
         const auto lse_of = [&](int n, int c) { return Tr::kStatsEarly ? lse_q[n][c % 2] : lse[query(n, c)]; };
@@ -341,9 +341,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
           wgmma_wait<0>();
           pin<BM / 8>(st);
           pin<BM / 8>(dpt);
-  #pragma unroll
+#pragma unroll
           for (int n = 0; n < BM / 8; ++n)
-  #pragma unroll
+#pragma unroll
             for (int c = 0; c < 4; ++c) {
               fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse_of(n, c), delta_of(n, c));
             }
@@ -354,9 +354,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         } else {  // P^T while dP^T is still computed; masked P^T is 0, and so is its dS^T
           wgmma_wait<1>();
           pin<BM / 8>(st);
-  #pragma unroll
+#pragma unroll
           for (int n = 0; n < BM / 8; ++n)
-  #pragma unroll
+#pragma unroll
             for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse_of(n, c));
           if (partial) {
             fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
@@ -366,16 +366,16 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         to_fragments<T, BM>(st, pa);
         pin<D / 8>(dv[0]);
         wgmma_fence();
-  #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk)  // dV += P^T dO, 16 queries: 16 lines of every panel
           wgmma_rs<T, D>(dv[0], pa[kk], do_desc_n + (kk * 16 * 128) / 16);
         wgmma_commit();
         if constexpr (!kGeneral) {  // dS^T while dV's MMAs run
           wgmma_wait<1>();
           pin<BM / 8>(dpt);
-  #pragma unroll
+#pragma unroll
           for (int n = 0; n < BM / 8; ++n)
-  #pragma unroll
+#pragma unroll
             for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta_of(n, c));
         }
         to_fragments<T, BM>(dpt, dsa);
@@ -383,12 +383,12 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         auto dk_grads = [&] {  // dK += dS^T Q
           pin<D / 8>(dk[0]);
           wgmma_fence();
-  #pragma unroll
+#pragma unroll
           for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<T, D>(dk[0], dsa[kk], q_desc_n + (kk * 16 * 128) / 16);
           wgmma_commit();
         };
         // The tile's dQ and dK; with `ahead`, the next tile's S^T and dP^T behind dK's MMAs, two groups more in flight
-        // at the waits. A template argument, not a branch, so that every path's wait counts are constants (ptxas
+        // at the last wait. A template argument, not a branch, so that every path's wait counts are constants (ptxas
         // serializes every wgmma of the kernel where a path may read accumulators before their wgmma's wait).
         const auto finish = [&](auto ahead) {
           constexpr int kAhead = decltype(ahead)::value ? 2 : 0;  // groups issued after dK's
@@ -406,19 +406,20 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
             const bool my_dq = !Tr::kDqTurns || it % 2 == wg;  // this consumer computes (its part of) the tile's dQ
             if (my_dq) {
               wgmma_fence();
-  #pragma unroll
+#pragma unroll
               for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
                 wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
               wgmma_commit();
             }
             dk_grads();
-            if constexpr (kAhead > 0) issue_scores(it + 1, next);
-            wgmma_wait<1 + kAhead>();  // dV's and dQ's (if this consumer computed it)
+            wgmma_wait<1>();  // dV's and dQ's (if this consumer computed it)
             pin<kDqCols / 8>(dq[0]);
             named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
             if (my_dq) store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
             fence_proxy_async();
             named_arrive(kDqStored, Tr::kDqThreads);
+            // only now, so that they never hold up the other consumer's dQ, whose reduction the next tile awaits
+            if constexpr (kAhead > 0) issue_scores(it + 1, next);
           }
           wgmma_wait<kAhead>();  // dK's
           pin<D / 8>(dk[0]);
