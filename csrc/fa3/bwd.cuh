@@ -11,8 +11,7 @@
 // keys, at D = 64 they take turns at the whole tile (BwdTraits::kDqCols). The order keeps the tensor cores fed: P^T
 // once S^T is done (dP^T still running), dV's MMAs issued, dS^T beside them, then dQ's MMAs before dK's, so that
 // dQ's store to shared memory runs beside dK's MMAs (the general kernels, whose softcap needs the raw score beside
-// dP^T, wait for both first), and at D = 64 the next query tile's S^T and dP^T once dQ is handed over, behind
-// dK's, so that they run while the consumers wait for dK and free the stage.
+// dP^T, wait for both first).
 //
 // Warp-specialized as the forward (fwd.cuh): a producer warpgroup copies, two consumer warpgroups compute. The
 // producer's first thread brings K and V once and each query tile's Q and dO by TMA (tma.cuh), its second warp the
@@ -58,9 +57,6 @@ struct BwdTraits {
   // dP^T are computed, not after the waits, where their latency was the first P^T's and dS^T's (ncu at d64). At
   // D = 128, where dK and dV take 64 x 128 each, those 32 registers spill.
   static constexpr bool kStatsEarly = D == 64;
-  // The next query tile's S^T and dP^T issued behind this one's dK (their accumulators in flight beside dK's, dV's,
-  // dQ's and the A fragments): at D = 128, where dK and dV take 64 x 128 each, they would not fit.
-  static constexpr bool kScoresAhead = D == 64;
   // Buffers of K and V: at D = 64 two, so that on persistent windows the next item's K and V land while this item
   // computes (with one, its copies start only once the item's last MMAs are done). At D = 128 they would not fit.
   static constexpr int kKvStages = D == 64 ? 2 : 1;
@@ -278,19 +274,19 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     if (p.cu_seqlens_k != nullptr && (n_blk + 1) * BN > doc.lk) {
       zero_past_document(std::integral_constant<int, BN>{}, sK, sK + Tr::kKeyTileBytes, doc.lk - n_blk * BN);
     }
-    float st[BM / 8][4], dpt[BM / 8][4];  // S^T and dP^T: rows key0 + lane / 4 (+8), queries 8 n + 2 (lane % 4) (+1)
-    // S^T and dP^T of the item's tile `at_it` (query tile w.tile), two commit groups, once its stage has landed.
-    // Issued a tile ahead, behind the last tile's dK (below), so that the tensor cores run them while the consumers
-    // hand dQ over and free the stage.
-    const auto issue_scores = [&](int at_it, const fa2::BwdWork& w) {
-      const int stage = at_it % 2;
-      mbar_wait(q_full + stage, (at_it / 2) % 2);  // the stage's Q, dO, logsumexp and delta
-      if (p.cu_seqlens_q != nullptr && (w.tile + 1) * BM > doc.lq) {
+    for (; work.g < p.kv_group; ++it) {
+      const int stage = it % 2;
+      mbar_wait(q_full + stage, (it / 2) % 2);  // the stage's Q, dO, logsumexp and delta
+      if (p.cu_seqlens_q != nullptr && (work.tile + 1) * BM > doc.lq) {
         zero_past_document(std::integral_constant<int, BM>{}, sQ0 + stage * Tr::kQueryTileBytes,
-                           sdO0 + stage * Tr::kQueryTileBytes, doc.lq - w.tile * BM);
+                           sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM);
       }
-      const uint64_t q_desc = descriptor(smem_addr(sQ0 + stage * Tr::kQueryTileBytes));  // K-major: B of S^T
-      const uint64_t do_desc = descriptor(smem_addr(sdO0 + stage * Tr::kQueryTileBytes));  // and of dP^T
+      const int h = hk * p.kv_group + work.g, m_blk = work.tile;
+      const uint32_t sq = smem_addr(sQ0 + stage * Tr::kQueryTileBytes), sdo = smem_addr(sdO0 + stage * Tr::kQueryTileBytes);
+      const uint64_t q_desc = descriptor(sq), do_desc = descriptor(sdo);  // K-major: B of S^T and dP^T
+      const uint64_t q_desc_n = descriptor(sq, BM * 128), do_desc_n = descriptor(sdo, BM * 128);  // N-major: of dK, dV
+
+      float st[BM / 8][4], dpt[BM / 8][4];  // S^T and dP^T: rows key0 + lane / 4 (+8), queries 8 n + 2 (lane % 4) (+1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {  // 16 columns of D are 32 bytes of a line; 64 columns a panel
@@ -305,136 +301,107 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
                         kk > 0);
       }
       wgmma_commit();
-    };
-    // The item's query tiles. Entered only with the first tile's S^T and dP^T in flight (BwdTraits::kScoresAhead)
-    // and left only from the last tile, so that every path into the loop's top has the same wgmmas in flight:
-    // where they differ, ptxas serializes every wgmma of the kernel.
-    if (work.g < p.kv_group) {
-      if constexpr (Tr::kScoresAhead) issue_scores(it, work);
-      for (;; ++it) {
-        const int stage = it % 2;
-        if constexpr (!Tr::kScoresAhead) issue_scores(it, work);
-        const int h = hk * p.kv_group + work.g, m_blk = work.tile;
-        const uint32_t sq = smem_addr(sQ0 + stage * Tr::kQueryTileBytes);
-        const uint32_t sdo = smem_addr(sdO0 + stage * Tr::kQueryTileBytes);
-        const uint64_t q_desc_n = descriptor(sq, BM * 128), do_desc_n = descriptor(sdo, BM * 128);  // N-major: dK, dV
-        const float* lse = sLse0 + stage * BM;
-        const float* delta = sDelta0 + stage * BM;
-        auto query = [&](int n, int c) { return 8 * n + 2 * (lane % 4) + c % 2; };  // the query of st[n][c] in the tile
-        const bool partial = work.t < work.vis.partial;
-        // The pair after next: its tile index comes from global memory, read while the MMAs run (ptxas moves it to
-        // a uniform register at once, which waits for the load)
-        fa2::BwdWork after = next;
-        fa2::advance(p, after, b, hk, n_blk, chunk);
-        // The thread's queries' logsumexp and delta (BwdTraits::kStatsEarly)
-        float lse_q[BM / 8][2], delta_q[BM / 8][2];
-        if constexpr (Tr::kStatsEarly) {
+      const float* lse = sLse0 + stage * BM;
+      const float* delta = sDelta0 + stage * BM;
+      auto query = [&](int n, int c) { return 8 * n + 2 * (lane % 4) + c % 2; };  // the query of st[n][c] in the tile
+      const bool partial = work.t < work.vis.partial;
+      // The pair after next: its tile index comes from global memory, read while the MMAs run (ptxas moves it to
+      // a uniform register at once, which waits for the load)
+      fa2::BwdWork after = next;
+      fa2::advance(p, after, b, hk, n_blk, chunk);
+      // The thread's queries' logsumexp and delta (BwdTraits::kStatsEarly)
+      float lse_q[BM / 8][2], delta_q[BM / 8][2];
+      if constexpr (Tr::kStatsEarly) {
 #pragma unroll
-          for (int n = 0; n < BM / 8; ++n)
+        for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) lse_q[n][c] = lse[query(n, c)], delta_q[n][c] = delta[query(n, c)];
-        }
-        const auto lse_of = [&](int n, int c) { return Tr::kStatsEarly ? lse_q[n][c % 2] : lse[query(n, c)]; };
-        const auto delta_of = [&](int n, int c) { return Tr::kStatsEarly ? delta_q[n][c % 2] : delta[query(n, c)]; };
-        uint32_t pa[BM / 16][4], dsa[BM / 16][4];  // P^T and dS^T as A fragments, 16 queries each
-        if constexpr (kGeneral) {  // softcap's dS needs the raw score beside dP^T: both first
-          wgmma_wait<0>();
-          pin<BM / 8>(st);
-          pin<BM / 8>(dpt);
+          for (int c = 0; c < 2; ++c) lse_q[n][c] = lse[query(n, c)], delta_q[n][c] = delta[query(n, c)];
+      }
+      const auto lse_of = [&](int n, int c) { return Tr::kStatsEarly ? lse_q[n][c % 2] : lse[query(n, c)]; };
+      const auto delta_of = [&](int n, int c) { return Tr::kStatsEarly ? delta_q[n][c % 2] : delta[query(n, c)]; };
+      uint32_t pa[BM / 16][4], dsa[BM / 16][4];  // P^T and dS^T as A fragments, 16 queries each
+      if constexpr (kGeneral) {  // softcap's dS needs the raw score beside dP^T: both first
+        wgmma_wait<0>();
+        pin<BM / 8>(st);
+        pin<BM / 8>(dpt);
 #pragma unroll
-          for (int n = 0; n < BM / 8; ++n)
+        for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse_of(n, c), delta_of(n, c));
-            }
-          if (partial) {
-            fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
-                                               [&](int n, int c) { st[n][c] = dpt[n][c] = 0.f; });
+          for (int c = 0; c < 4; ++c) {
+            fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse_of(n, c), delta_of(n, c));
           }
-        } else {  // P^T while dP^T is still computed; masked P^T is 0, and so is its dS^T
-          wgmma_wait<1>();
-          pin<BM / 8>(st);
-#pragma unroll
-          for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse_of(n, c));
-          if (partial) {
-            fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
-                                               [&](int n, int c) { st[n][c] = 0.f; });
-          }
+        if (partial) {
+          fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+                                             [&](int n, int c) { st[n][c] = dpt[n][c] = 0.f; });
         }
-        to_fragments<T, BM>(st, pa);
-        pin<D / 8>(dv[0]);
+      } else {  // P^T while dP^T is still computed; masked P^T is 0, and so is its dS^T
+        wgmma_wait<1>();
+        pin<BM / 8>(st);
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse_of(n, c));
+        if (partial) {
+          fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+                                             [&](int n, int c) { st[n][c] = 0.f; });
+        }
+      }
+      to_fragments<T, BM>(st, pa);
+      pin<D / 8>(dv[0]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)  // dV += P^T dO, 16 queries: 16 lines of every panel
+        wgmma_rs<T, D>(dv[0], pa[kk], do_desc_n + (kk * 16 * 128) / 16);
+      wgmma_commit();
+      if constexpr (!kGeneral) {  // dS^T while dV's MMAs run
+        wgmma_wait<1>();
+        pin<BM / 8>(dpt);
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta_of(n, c));
+      }
+      to_fragments<T, BM>(dpt, dsa);
+
+      auto dk_grads = [&] {  // dK += dS^T Q
+        pin<D / 8>(dk[0]);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk)  // dV += P^T dO, 16 queries: 16 lines of every panel
-          wgmma_rs<T, D>(dv[0], pa[kk], do_desc_n + (kk * 16 * 128) / 16);
+        for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<T, D>(dk[0], dsa[kk], q_desc_n + (kk * 16 * 128) / 16);
         wgmma_commit();
-        if constexpr (!kGeneral) {  // dS^T while dV's MMAs run
-          wgmma_wait<1>();
-          pin<BM / 8>(dpt);
-#pragma unroll
-          for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta_of(n, c));
-        }
-        to_fragments<T, BM>(dpt, dsa);
-
-        auto dk_grads = [&] {  // dK += dS^T Q
-          pin<D / 8>(dk[0]);
+      };
+      if (p.deterministic) {
+        dk_grads();
+      } else {  // dQ's MMAs before dK's, so that its store runs beside dK's MMAs
+        // dS^T's buffer it % 2: the other consumer read the tile before it (it - 2) before it stored the last one's
+        settle();
+        store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
+        fence_proxy_async();
+        named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
+        float dq[1][kDqCols / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
+        const uint64_t ds = ds_desc + stage * Tr::kDsBytes / 16;
+        const bool my_dq = !Tr::kDqTurns || it % 2 == wg;  // this consumer computes (its part of) the tile's dQ
+        if (my_dq) {
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<T, D>(dk[0], dsa[kk], q_desc_n + (kk * 16 * 128) / 16);
+          for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
+            wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
           wgmma_commit();
-        };
-        // The tile's dQ and dK; with `ahead`, the next tile's S^T and dP^T behind dK's MMAs, two groups more in flight
-        // at the last wait. A template argument, not a branch, so that every path's wait counts are constants (ptxas
-        // serializes every wgmma of the kernel where a path may read accumulators before their wgmma's wait).
-        const auto finish = [&](auto ahead) {
-          constexpr int kAhead = decltype(ahead)::value ? 2 : 0;  // groups issued after dK's
-          if (p.deterministic) {
-            dk_grads();
-            if constexpr (kAhead > 0) issue_scores(it + 1, next);
-          } else {  // dQ's MMAs before dK's, so that its store runs beside dK's MMAs
-            // dS^T's buffer it % 2: the other consumer read the tile before it (it - 2) before it stored the last one's
-            settle();
-            store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
-            fence_proxy_async();
-            named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
-            float dq[1][kDqCols / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
-            const uint64_t ds = ds_desc + stage * Tr::kDsBytes / 16;
-            const bool my_dq = !Tr::kDqTurns || it % 2 == wg;  // this consumer computes (its part of) the tile's dQ
-            if (my_dq) {
-              wgmma_fence();
-#pragma unroll
-              for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
-                wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
-              wgmma_commit();
-            }
-            dk_grads();
-            wgmma_wait<1>();  // dV's and dQ's (if this consumer computed it)
-            pin<kDqCols / 8>(dq[0]);
-            named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
-            if (my_dq) store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
-            fence_proxy_async();
-            named_arrive(kDqStored, Tr::kDqThreads);
-            // only now, so that they never hold up the other consumer's dQ, whose reduction the next tile awaits
-            if constexpr (kAhead > 0) issue_scores(it + 1, next);
-          }
-          wgmma_wait<kAhead>();  // dK's
-          pin<D / 8>(dk[0]);
-          pin<D / 8>(dv[0]);
-          if (lane == 0) mbar_arrive(q_empty + stage);  // the warp is done with the stage
-          work = next;
-          next = after;
-        };
-        if (next.g >= p.kv_group) {  // the item's last tile: nothing ahead, and the loop's only exit
-          finish(std::false_type{});
-          ++it;
-          break;
         }
-        finish(std::bool_constant<Tr::kScoresAhead>{});
+        dk_grads();
+        wgmma_wait<1>();  // dV's and dQ's (if this consumer computed it)
+        pin<kDqCols / 8>(dq[0]);
+        named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
+        if (my_dq) store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
+        fence_proxy_async();
+        named_arrive(kDqStored, Tr::kDqThreads);
       }
+      wgmma_wait<0>();
+      pin<D / 8>(dk[0]);
+      pin<D / 8>(dv[0]);
+      if (lane == 0) mbar_arrive(q_empty + stage);  // the warp is done with the stage
+      work = next;
+      next = after;
     }
     if (lane == 0) mbar_arrive(kv_empty + kv);  // the warp's MMAs are done with K and V: a later item's may come
     ++n;
