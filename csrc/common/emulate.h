@@ -84,17 +84,6 @@ inline uint16_t half_bits_rn(float f) {
   return bits;
 }
 
-inline int __float_as_int(float x) {
-  int i;
-  std::memcpy(&i, &x, 4);
-  return i;
-}
-inline float __uint_as_float(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;  // set by the scheduler before a fiber runs
 using std::max;  // the integer min and max of device code
 using std::min;

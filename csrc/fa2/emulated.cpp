@@ -155,18 +155,6 @@ inline at::Tensor check_emulation(const std::string& name) {
 }
 }  // namespace legalpt::fa3
 
-namespace legalpt::fa3 {
-// The fa3 forward's exp2 on the FMA pipe (fwd.cuh), element by element over a float32 tensor
-inline at::Tensor exp2_fma_map(const at::Tensor& x) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "exp2_fma: x must be a float32 CPU tensor");
-  at::Tensor in = x.contiguous(), out = at::empty_like(in);
-  const float* src = in.data_ptr<float>();
-  float* dst = out.data_ptr<float>();
-  for (int64_t i = 0; i < in.numel(); ++i) dst[i] = exp2_fma(src[i]);
-  return out;
-}
-}  // namespace legalpt::fa3
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using legalpt::fa2::EmulatedLaunch;
   namespace host = legalpt::fa2::host;
@@ -177,6 +165,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward_fa3", &host::forward<EmulatedLaunch, true>, "the Hopper forward (d64, d128), emulated on the CPU");
   m.def("backward_fa3", &host::backward<EmulatedLaunch, true>, "the Hopper backward (d64, d128), emulated");
   m.def("check_emulation", &legalpt::fa3::check_emulation, "runs one of the emulation's synchronization checks");
-  m.def("exp2_fma", &legalpt::fa3::exp2_fma_map, "the fa3 forward's exp2 on the FMA pipe, element by element");
   m.def("mask_bit_mismatches", &legalpt::fa2::mask_bit_mismatches, "the plain rule's bit masks against `allowed`");
 }

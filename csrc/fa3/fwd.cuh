@@ -35,10 +35,6 @@ struct FwdTraits {
   // Keys per tile: S (64 x 128) and O (64 x D) accumulators and P's fragments fit a consumer's 240 registers at
   // D = 128.
   static constexpr int kBlockN = 128;
-  // Of every kFmaExpPeriod key columns of a full tile's scores, one takes its exp2 on the FMA pipe (`exp2_fma`):
-  // the MUFU unit computes 16 exp2 a cycle per processor, and at D = 64 a tile's exp2s take it as long as the
-  // tile's MMAs take the tensor cores (FA4's remedy, with a polynomial of its own)
-  static constexpr int kFmaExpPeriod = 3;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
   static constexpr int kConsumerThreads = 128 * kConsumers;
   // Registers per thread: 24 for the producer, 240 for the consumers. setmaxnreg moves registers within the block,
@@ -78,42 +74,16 @@ __device__ __forceinline__ FwdItem fwd_item(const FwdArgs& a, int i) {
   return {a.m_tiles - 1 - i % a.m_tiles, rest % a.documents, rest / a.documents};
 }
 
-// 2^x on the FMA pipe, for the finite x <= 0 of a softmax (NaN stays NaN), relative error 7.6e-5, below the 2^-9
-// of bf16 that P is rounded to: x = j + f with j = round(x) read off the low mantissa bits of x + 1.5 * 2^23 (+ the
-// exponent's bias), 2^f on [-1/2, 1/2] by a cubic fitted for relative error, and 2^j built in the exponent field.
-// Below -126.5 the result is 0 (the bias clamped), as exp2f's flush to zero gives.
-__device__ __forceinline__ float exp2_fma(float x) {
-  constexpr float kShift = 12582912.f + 127.f;  // 1.5 * 2^23 + 127: x + kShift holds round(x) + 127 in its low bits
-  const float t = x + kShift;
-  const float f = x - (t - kShift);  // (-1/2, 1/2]
-  const float p = fmaf(fmaf(fmaf(0.055171f, f, 0.2426095f), f, 0.69326095f), f, 0.99992817f);
-  // round(x) + 127 >= 0, and the t of an x below -1.5 * 2^23 (negative) or of a negative NaN to that too (p is
-  // finite there, or NaN)
-  const int biased = max(__float_as_int(t), __float_as_int(kShift - 127.f));
-  return p * __uint_as_float(static_cast<uint32_t>(biased) << 23);
-}
-
-// exp_row of a full tile in the plain kernel (raw scores, m finite): one in kPeriod key columns' exp2 by exp2_fma
-template <int BN, int kPeriod>
-__device__ __forceinline__ float exp_row_split(const Params& p, float (&s)[BN / 8][4], int half, float m) {
-  float sum[BN / 8];
-#pragma unroll
-  for (int n = 0; n < BN / 8; ++n) {
-#pragma unroll
-    for (int c = 2 * half; c < 2 * half + 2; ++c) {
-      const float x = fmaf(s[n][c], p.scale_log2, -m);
-      s[n][c] = n % kPeriod == kPeriod - 1 ? exp2_fma(x) : exp2f(x);
-    }
-    sum[n] = s[n][2 * half] + s[n][2 * half + 1];
-  }
-  return fa2::tree_reduce<BN / 16>(sum, [](float x, float y) { return x + y; });
-}
-
-// The running max and sum of a thread's two rows after tile scores s (log2-domain or raw, as `logits` leaves them),
-// and P in place: one in kFmaExpPeriod key columns' exp2 on the FMA pipe, none where kFmaExpPeriod is 0.
-template <int BN, bool kGeneral, int kFmaExpPeriod>
-__device__ __forceinline__ void update_rows(const Params& p, float (&s)[BN / 8][4], float (&row_max)[2],
-                                            float (&row_sum)[2], float (&correction)[2], bool& move) {
+// Tile t's scores s (a warpgroup's 64 rows x BN keys, raw) to P in place, as in the FA2 forward: the element rule,
+// the new running max, P = exp2(logit - max) and the row sums. O is rescaled later (`rescale`), once the P V that
+// reads it is done: `correction` holds the factors and `move` whether a row of this thread moved its max.
+template <int BN, bool kGeneral>
+__device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 8][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&correction)[2], bool& move, int t,
+                                               const Visits& vis, int i0, const Document& doc, int b, int h) {
+  const int lane = threadIdx.x % 32;
+  float(&s3)[1][BN / 8][4] = reinterpret_cast<float(&)[1][BN / 8][4]>(s);
+  fa2::logits<kGeneral, 1, BN>(p, s3, t < vis.partial, i0, vis.tiles[t] * BN + 2 * (lane % 4), doc, b, h);
   move = false;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -121,28 +91,8 @@ __device__ __forceinline__ void update_rows(const Params& p, float (&s)[BN / 8][
     move |= m > row_max[half];
     correction[half] = exp2f(row_max[half] - (m == -INFINITY ? 0.f : m));
     row_max[half] = m;
-    const float sum = kFmaExpPeriod == 0 ? fa2::exp_row<kGeneral, BN>(p, s, half, m)
-                                         : exp_row_split<BN, kFmaExpPeriod>(p, s, half, m);
-    row_sum[half] = row_sum[half] * correction[half] + sum;
+    row_sum[half] = row_sum[half] * correction[half] + fa2::exp_row<kGeneral, BN>(p, s, half, m);
   }
-}
-
-// Tile t's scores s (a warpgroup's 64 rows x BN keys, raw) to P in place, as in the FA2 forward: the element rule,
-// the new running max, P = exp2(logit - max) and the row sums. O is rescaled later (`rescale`), once the P V that
-// reads it is done: `correction` holds the factors and `move` whether a row of this thread moved its max. Only the
-// plain kernel's full tiles, whose scores are all finite, take exp2_fma.
-template <int BN, bool kGeneral, int kFmaExpPeriod>
-__device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 8][4], float (&row_max)[2],
-                                               float (&row_sum)[2], float (&correction)[2], bool& move, int t,
-                                               const Visits& vis, int i0, const Document& doc, int b, int h) {
-  const int lane = threadIdx.x % 32;
-  float(&s3)[1][BN / 8][4] = reinterpret_cast<float(&)[1][BN / 8][4]>(s);
-  const bool partial = t < vis.partial;
-  fa2::logits<kGeneral, 1, BN>(p, s3, partial, i0, vis.tiles[t] * BN + 2 * (lane % 4), doc, b, h);
-  if (kGeneral || kFmaExpPeriod == 0 || partial)
-    update_rows<BN, kGeneral, 0>(p, s, row_max, row_sum, correction, move);
-  else
-    update_rows<BN, false, kFmaExpPeriod>(p, s, row_max, row_sum, correction, move);
 }
 
 // O by the factors of the latest softmax, skipped when no row of the warp moved its max (a uniform branch)
@@ -298,7 +248,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       wgmma_wait<0>();
       release(true, 0);
       pin<BN / 8>(s);
-      online_softmax<BN, kGeneral, Tr::kFmaExpPeriod>(p, s, row_max, row_sum, correction, move, 0, vis, i0, doc, b, h);
+      online_softmax<BN, kGeneral>(p, s, row_max, row_sum, correction, move, 0, vis, i0, doc, b, h);
     }
     for (int t = 1; t < vis.count; ++t) {
       landed(true, t);
@@ -313,7 +263,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       wgmma_wait<1>();  // S(t) is done; P V of the previous tile may still run
       release(true, t);
       pin<BN / 8>(s);
-      online_softmax<BN, kGeneral, Tr::kFmaExpPeriod>(p, s, row_max, row_sum, correction, move, t, vis, i0, doc, b, h);
+      online_softmax<BN, kGeneral>(p, s, row_max, row_sum, correction, move, t, vis, i0, doc, b, h);
     }
     if (vis.count > 0) {
       if (lane == 0) mbar_arrive(q_empty);  // every S is done: the next item's Q may come
