@@ -58,6 +58,9 @@ FA3_CASES = {
         128, torch.float16, (113, 203), (2, 1), {"window_size": (32, 17), "global_tokens": 5},
     ),
     "fa3-causal-rows-without-keys-d128": (128, torch.bfloat16, (150, 90), (2, 2), {"causal": True}),
+    # whole tiles (every row of the tile in its document): the plain kernels' tiles without the element rule
+    "fa3-causal-full-tiles-d64": (64, torch.bfloat16, (384, 384), (2, 1), {"causal": True}),
+    "fa3-dense-full-tiles-d128": (128, torch.float16, (256, 300), (1, 1), {}),
     "fa3-softcap-dilation-d128": (
         128, torch.bfloat16, (140, 140), (2, 1),
         {"causal": True, "window_size": (96, 0), "dilation": 3, "softcap": 30.0, "softmax_scale": 0.5},
