@@ -74,16 +74,16 @@ __device__ __forceinline__ FwdItem fwd_item(const FwdArgs& a, int i) {
   return {a.m_tiles - 1 - i % a.m_tiles, rest % a.documents, rest / a.documents};
 }
 
-// Tile t's scores s (a warpgroup's 64 rows x BN keys, raw) to P in place, as in the FA2 forward: the element rule,
-// the new running max, P = exp2(logit - max) and the row sums. O is rescaled later (`rescale`), once the P V that
+// Scores s of key tile `tile` (a warpgroup's 64 rows x BN keys, raw) to P in place, as in the FA2 forward: the
+// element rule where the tile is partial, the new running max, P = exp2(logit - max) and the row sums. O is rescaled later (`rescale`), once the P V that
 // reads it is done: `correction` holds the factors and `move` whether a row of this thread moved its max.
 template <int BN, bool kGeneral>
 __device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 8][4], float (&row_max)[2],
-                                               float (&row_sum)[2], float (&correction)[2], bool& move, int t,
-                                               const Visits& vis, int i0, const Document& doc, int b, int h) {
+                                               float (&row_sum)[2], float (&correction)[2], bool& move,
+                                               bool partial, int tile, int i0, const Document& doc, int b, int h) {
   const int lane = threadIdx.x % 32;
   float(&s3)[1][BN / 8][4] = reinterpret_cast<float(&)[1][BN / 8][4]>(s);
-  fa2::logits<kGeneral, 1, BN>(p, s3, t < vis.partial, i0, vis.tiles[t] * BN + 2 * (lane % 4), doc, b, h);
+  fa2::logits<kGeneral, 1, BN>(p, s3, partial, i0, tile * BN + 2 * (lane % 4), doc, b, h);
   move = false;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -136,7 +136,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   if (threadIdx.x < 128) {  // the producer: one thread issues every copy, in the order the consumers need them
     registers_down<Tr::kProducerRegisters>();
     if (threadIdx.x != 0) return;
-    for (int i = blockIdx.x, nq = 0, g = 0; i < items; i += gridDim.x) {
+    unsigned nq = 0, g = 0;  // unsigned: a buffer and a phase are bits of these counts, not signed divisions
+    for (int i = blockIdx.x; i < items; i += gridDim.x) {
       const FwdItem it = fwd_item(a, i);
       const Document doc = fa2::document(p, it.b);
       const Visits vis = fa2::visits(p.schedule, it.b, it.h, it.m_blk);
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       const int hk = it.h / p.kv_group, batch = map_batch(p, it.b);
       // K(t) or V(t) of this item, the block's tile g + t, into buffer (g + t) % 2 once its tile g + t - 2 is done
       const auto load_kv = [&](unsigned char* tiles, uint64_t* full, uint64_t* empty, const TensorMap& map, int t) {
-        const int j = g + t;
+        const unsigned j = g + t;
         if (j >= 2) mbar_wait(empty + j % 2, (j / 2 - 1) % 2);
         mbar_expect(full + j % 2, Tr::kTileBytes);
         tma_load_tile<BN, D>(tiles + j % 2 * Tr::kTileBytes, map, hk, doc.k_start + vis.tiles[t] * BN, batch,
@@ -181,7 +182,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   // Consumer 1 hands consumer 0 its first turn of an item at the end of its last one, where the block has a next
   // item, so that consumer 0's first MMAs run beside consumer 1's epilogue
   bool handed = false;
-  for (int i = blockIdx.x, nq = 0, g = 0; i < items; i += gridDim.x) {
+  unsigned nq = 0, g = 0;
+  for (int i = blockIdx.x; i < items; i += gridDim.x) {
     const FwdItem it = fwd_item(a, i);
     const Document doc = fa2::document(p, it.b);
     if (it.m_blk * BM >= doc.lq) continue;
@@ -192,14 +194,15 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     uint32_t pa[BN / 16][4];  // P of the latest tile, as A fragments
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // log2 domain; row_sum: this thread's part
     float s[BN / 8][4];
-    // Waits for K(t) (kv) or V(t) to land in buffer (g + t) % 2. In a varlen document's last, partial tile the rows
-    // past its end are zeroed (zero_rows) by both consumers, which meet there (the condition is the same for both).
-    const auto landed = [&](bool kv, int t) {
-      const int j = g + t;
-      unsigned char* tile = (kv ? sK : sV) + j % 2 * Tr::kTileBytes;
+    // Waits for K(t) (kv) or V(t), key tile `tile`, to land in buffer (g + t) % 2. In a varlen document's last,
+    // partial tile the rows past its end are zeroed (zero_rows) by both consumers, which meet there (the condition
+    // is the same for both).
+    const auto landed = [&](bool kv, int t, int tile) {
+      const unsigned j = g + t;
+      unsigned char* buffer = (kv ? sK : sV) + j % 2 * Tr::kTileBytes;
       mbar_wait((kv ? k_full : v_full) + j % 2, j / 2 % 2);
-      if (const int valid = doc.lk - vis.tiles[t] * BN; p.cu_seqlens_k != nullptr && valid < BN) {
-        zero_rows<BN, D, kConsumerThreads>(tile, valid, threadIdx.x - 128);
+      if (const int valid = doc.lk - tile * BN; p.cu_seqlens_k != nullptr && valid < BN) {
+        zero_rows<BN, D, kConsumerThreads>(buffer, valid, threadIdx.x - 128);
         fence_proxy_async();
         named_sync(kConsumersSync, kConsumerThreads);
       }
@@ -209,7 +212,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       if (lane == 0) mbar_arrive((kv ? k_empty : v_empty) + (g + t) % 2);
     };
     const auto issue_s = [&](int t) {  // S = Q K(t)^T; 16 columns of D are 32 bytes of a line, 64 columns a panel
-      const int j = (g + t) % 2;
+      const unsigned j = (g + t) % 2;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
         wgmma_ss<T, BN>(s, q_desc + ((kk / 4) * BM * 128 + (kk % 4) * 32) / 16,
@@ -217,7 +220,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       wgmma_commit();
     };
     const auto issue_pv = [&](int t) {  // O += P(t) V(t); 16 keys are 16 lines of every panel
-      const int j = (g + t) % 2;
+      const unsigned j = (g + t) % 2;
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
         wgmma_rs<T, D>(o, pa[kk], v_desc + (j * Tr::kTileBytes + kk * 16 * 128) / 16);
@@ -237,10 +240,13 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       to_fragments<T, BN>(s, pa);
     };
 
+    // The key tiles of t - 1, t and t + 1, each index read an iteration before its use: read after an mbarrier wait
+    // (a memory clobber), an index is read there again, and the tile waits for the load
+    int prev_tile = 0, tile = vis.count > 0 ? vis.tiles[0] : 0, next_tile = vis.count > 1 ? vis.tiles[1] : 0;
     if (vis.count > 0) {
       if (wg == 1 && !handed) your_turn();  // consumer 0 goes first
       mbar_wait(q_full, nq % 2);
-      landed(true, 0);
+      landed(true, 0, tile);
       my_turn();
       wgmma_fence();
       issue_s(0);
@@ -248,11 +254,14 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       wgmma_wait<0>();
       release(true, 0);
       pin<BN / 8>(s);
-      online_softmax<BN, kGeneral>(p, s, row_max, row_sum, correction, move, 0, vis, i0, doc, b, h);
+      online_softmax<BN, kGeneral>(p, s, row_max, row_sum, correction, move, 0 < vis.partial, tile, i0, doc, b, h);
     }
     for (int t = 1; t < vis.count; ++t) {
-      landed(true, t);
-      landed(false, t - 1);
+      prev_tile = tile;
+      tile = next_tile;
+      if (t + 1 < vis.count) next_tile = vis.tiles[t + 1];
+      landed(true, t, tile);
+      landed(false, t - 1, prev_tile);
       prepare_pv(t - 1);
       pin<D / 8>(o);
       my_turn();
@@ -263,11 +272,11 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       wgmma_wait<1>();  // S(t) is done; P V of the previous tile may still run
       release(true, t);
       pin<BN / 8>(s);
-      online_softmax<BN, kGeneral>(p, s, row_max, row_sum, correction, move, t, vis, i0, doc, b, h);
+      online_softmax<BN, kGeneral>(p, s, row_max, row_sum, correction, move, t < vis.partial, tile, i0, doc, b, h);
     }
     if (vis.count > 0) {
       if (lane == 0) mbar_arrive(q_empty);  // every S is done: the next item's Q may come
-      landed(false, vis.count - 1);
+      landed(false, vis.count - 1, tile);
       prepare_pv(vis.count - 1);
       pin<D / 8>(o);
       my_turn();
