@@ -179,8 +179,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum
     const int warp = threadIdx.x / 32;
     if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
-    unsigned n = 0, it = 0;  // unsigned: a buffer and a phase are bits of these counts, not signed divisions
-    for (int i = blockIdx.x; i < items; i += gridDim.x) {
+    for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
       BwdItem item = bwd_item<BN>(a, i);
       if (item.skipped) continue;
       const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk, batch = item.batch;
@@ -257,8 +256,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     }
   };
 
-  unsigned n = 0, it = 0;
-  for (int i = blockIdx.x; i < items; i += gridDim.x) {
+  for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
     BwdItem item = bwd_item<BN>(a, i);
     if (item.skipped) continue;
     const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk, batch = item.batch;
@@ -382,7 +380,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
         float dq[1][kDqCols / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
         const uint64_t ds = ds_desc + stage * Tr::kDsBytes / 16;
-        const bool my_dq = !Tr::kDqTurns || static_cast<int>(it % 2) == wg;  // this consumer computes (its part of) the tile's dQ
+        const bool my_dq = !Tr::kDqTurns || it % 2 == wg;  // this consumer computes (its part of) the tile's dQ
         if (my_dq) {
           wgmma_fence();
 #pragma unroll
