@@ -78,18 +78,14 @@ struct BwdWork {
 };
 
 // The next pair after w; start from {-1, 0, 0}. chunk: this block's part of a split key tile, -1 for a whole one.
-// full_tiles: whether w.tile is read for a full tile too, else it is -1 there (the fa3 backward's consumers need a
-// query tile's index only to mask a partial tile, or at a varlen document's end, and ptxas has them wait for the
-// load at once).
-__device__ __forceinline__ void advance(const Params& p, BwdWork& w, int b, int hk, int n_blk, int chunk,
-                                        bool full_tiles = true) {
+__device__ __forceinline__ void advance(const Params& p, BwdWork& w, int b, int hk, int n_blk, int chunk) {
   ++w.t;
   while (w.t >= w.end && ++w.g < p.kv_group) {
     w.vis = visits(p.schedule, b, hk * p.kv_group + w.g, n_blk);
     w.t = chunk < 0 ? 0 : w.vis.count * chunk / p.split_chunks;
     w.end = chunk < 0 ? w.vis.count : w.vis.count * (chunk + 1) / p.split_chunks;
   }
-  if (w.g < p.kv_group) w.tile = full_tiles || w.t < w.vis.partial ? w.vis.tiles[w.t] : -1;
+  if (w.g < p.kv_group) w.tile = w.vis.tiles[w.t];
 }
 
 // The element rule on a warp's partial S^T / dP^T tile in one-level (16 keys from `key0` x BM queries from `q0`):

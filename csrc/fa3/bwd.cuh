@@ -264,10 +264,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     const Document& doc = item.doc;
     fa2::BwdWork& work = item.work;
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
-    // The query tile's index is needed only on partial tiles and in varlen (the zeroing past a document's end)
-    const bool varlen_q = p.cu_seqlens_q != nullptr;
     fa2::BwdWork next = work;  // read an iteration ahead: its tile index comes from global memory
-    fa2::advance(p, next, b, hk, n_blk, chunk, varlen_q);
+    fa2::advance(p, next, b, hk, n_blk, chunk);
     const int kv = n % kKvStages;
     unsigned char* sK = sKV + kv * kKvBytes;
     const uint64_t k_desc = k_desc0 + kv * kKvBytes / 16, v_desc = v_desc0 + kv * kKvBytes / 16;
@@ -279,7 +277,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     for (; work.g < p.kv_group; ++it) {
       const int stage = it % 2;
       mbar_wait(q_full + stage, (it / 2) % 2);  // the stage's Q, dO, logsumexp and delta
-      if (varlen_q && (work.tile + 1) * BM > doc.lq) {
+      if (p.cu_seqlens_q != nullptr && (work.tile + 1) * BM > doc.lq) {
         zero_past_document(std::integral_constant<int, BM>{}, sQ0 + stage * Tr::kQueryTileBytes,
                            sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM);
       }
@@ -308,9 +306,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       auto query = [&](int n, int c) { return 8 * n + 2 * (lane % 4) + c % 2; };  // the query of st[n][c] in the tile
       const bool partial = work.t < work.vis.partial;
       // The pair after next: its tile index comes from global memory, read while the MMAs run (ptxas moves it to
-      // a uniform register at once, which waits for the load: a full tile's is not read)
+      // a uniform register at once, which waits for the load)
       fa2::BwdWork after = next;
-      fa2::advance(p, after, b, hk, n_blk, chunk, varlen_q);
+      fa2::advance(p, after, b, hk, n_blk, chunk);
       // The thread's queries' logsumexp and delta (BwdTraits::kStatsEarly)
       float lse_q[BM / 8][2], delta_q[BM / 8][2];
       if constexpr (Tr::kStatsEarly) {
