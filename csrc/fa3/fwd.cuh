@@ -75,8 +75,9 @@ __device__ __forceinline__ FwdItem fwd_item(const FwdArgs& a, int i) {
 }
 
 // Scores s of key tile `tile` (a warpgroup's 64 rows x BN keys, raw) to P in place, as in the FA2 forward: the
-// element rule where the tile is partial, the new running max, P = exp2(logit - max) and the row sums. O is rescaled later (`rescale`), once the P V that
-// reads it is done: `correction` holds the factors and `move` whether a row of this thread moved its max.
+// element rule where the tile is partial, the new running max, P = exp2(logit - max) and the row sums. O is
+// rescaled later (`rescale`), once the P V that reads it is done: `correction` holds the factors and `move` whether
+// a row of this thread moved its max.
 template <int BN, bool kGeneral>
 __device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                float (&row_sum)[2], float (&correction)[2], bool& move,
