@@ -18,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt
 
+from legalpt.runtime import wandb_offline_unless_keyed
+
 # (breakdown of the full-citation summary, title, x label) of the plotted exact-match accuracies
 PLOTS = (
     ("by_reporter", "exact match by reporter", "reporter"),
@@ -111,8 +113,6 @@ def plot_citations(results: dict, out_dir: Path) -> list[Path]:
 def log_to_wandb(report: dict, plots: list[Path], out_dir: Path, project: str) -> None:
     """Headline metrics and plots as one wandb run (offline unless an API key is set), job type `eval`."""
     import wandb
-
-    from legalpt.train.tracking import wandb_offline_unless_keyed
 
     wandb_offline_unless_keyed()
     run = wandb.init(project=project, dir=str(out_dir), job_type="eval", config=report["config"])

@@ -27,9 +27,7 @@ from legalpt.eval.generate import generate, generate_with_stats
 from legalpt.eval.perplexity import document_perplexity
 from legalpt.eval.report import TASKS, write_report
 from legalpt.model import build_model
-from legalpt.train.checkpoint import export_dir
-from legalpt.train.tracking import log_on_main_process_only
-from legalpt.train.trainer import mixed_precision
+from legalpt.runtime import EXPORT_DIR, export_dir, log_on_main_process_only, mixed_precision
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +65,10 @@ class EvalSet:
 
 def newest_export(runs_dir: Path) -> Path:
     """The most recently written HF export among the run folders in `runs_dir`."""
-    exports = [p.parent for p in runs_dir.expanduser().glob("*/hf/config.json")]
+    exports = [p.parent for p in runs_dir.expanduser().glob(f"*/{EXPORT_DIR}/config.json")]
     if not exports:
         raise FileNotFoundError(
-            f"eval.runs_dir={str(runs_dir)!r}: no run with an HF export (*/hf/config.json); "
+            f"eval.runs_dir={str(runs_dir)!r}: no run with an HF export (*/{EXPORT_DIR}/config.json); "
             "train one with legalpt-train or pass eval.checkpoint=<folder or hub id>"
         )
     return max(exports, key=lambda p: (p / "config.json").stat().st_mtime)

@@ -14,15 +14,13 @@ from pathlib import Path
 
 from accelerate import Accelerator
 
+from legalpt.runtime import export_dir
+
 STATE_FILE = "trainer_state.json"  # step and token count next to accelerate's files
 
 
 def checkpoint_root(run_dir: Path) -> Path:
     return run_dir / "checkpoints"
-
-
-def export_dir(run_dir: Path) -> Path:
-    return run_dir / "hf"
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

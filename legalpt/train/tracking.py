@@ -1,28 +1,22 @@
 """Experiment tracking: wandb through accelerate's tracker API, plus a local metrics.jsonl in every run folder.
 
 wandb runs offline (its folder inside the run folder) unless an API key is configured, so a fresh machine never
-blocks on a login prompt; `logger=none` turns it off. metrics.jsonl is written whatever the logger, by rank 0 only.
+blocks on a login prompt (`legalpt.runtime.wandb_offline_unless_keyed`); `logger=none` turns it off. metrics.jsonl is
+written whatever the logger, by rank 0 only.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import netrc
 import os
 import uuid
 from pathlib import Path
-from urllib.parse import urlparse
 
 from accelerate import Accelerator
 
+from legalpt.runtime import wandb_offline_unless_keyed
+
 LOGGERS = ("wandb", "none")
-
-
-def log_on_main_process_only(accelerator: Accelerator) -> None:
-    """legalpt's info messages from rank 0 alone; warnings and errors from every rank."""
-    if not accelerator.is_main_process:
-        logging.getLogger("legalpt").setLevel(logging.WARNING)
 
 
 def tracker_name(logger: str) -> str | None:
@@ -32,26 +26,6 @@ def tracker_name(logger: str) -> str | None:
     if logger == "none" or os.environ.get("WANDB_MODE") == "disabled":
         return None
     return logger
-
-
-def wandb_offline_unless_keyed() -> None:
-    """Run wandb offline when no API key is configured, so a fresh machine never stops at a login prompt.
-
-    The key is looked up where wandb keeps it (WANDB_API_KEY, else the netrc entry of its host) without asking
-    wandb itself: reading `wandb.api.api_key` settles wandb's settings as online before WANDB_MODE can be set.
-    """
-    if "WANDB_MODE" not in os.environ and not _wandb_key_configured():
-        os.environ["WANDB_MODE"] = "offline"
-
-
-def _wandb_key_configured() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):  # no netrc file, or one wandb could not read either
-        return False
 
 
 def start_tracking(accelerator: Accelerator, logger: str, project: str, run_dir: Path, config: dict) -> str | None:

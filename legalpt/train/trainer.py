@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import set_seed
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -27,9 +27,10 @@ from legalpt.data.pipeline import format_stats, prepare
 from legalpt.data.stream import format_stream_stats, prepare_stream, stream_batches
 from legalpt.eval.perplexity import heldout_loss
 from legalpt.model import build_model, count_parameters
+from legalpt.runtime import agree_on_run_dir, export_dir, log_on_main_process_only, mixed_precision
 from legalpt.train.checkpoint import export_model, load_checkpoint, load_data_state, resolve_resume, save_checkpoint
 from legalpt.train.optim import build_optimizer, build_scheduler
-from legalpt.train.tracking import MetricsLog, log_on_main_process_only, start_tracking, tracker_name
+from legalpt.train.tracking import MetricsLog, start_tracking, tracker_name
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +44,6 @@ class TrainResult:
     checkpoint: Path | None  # the newest resumable checkpoint (None if none was written or resumed from)
     wandb_dir: str | None
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
-
-
-def mixed_precision(setting: str) -> str:
-    """accelerate's mixed_precision for `train.mixed_precision` (auto = bf16 on GPUs that support it)."""
-    if setting == "auto":
-        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-    if setting not in ("bf16", "fp16", "no"):
-        raise ValueError(f"train.mixed_precision={setting!r}: expected auto, bf16, fp16 or no")
-    return setting
 
 
 def make_loader(
@@ -113,17 +105,6 @@ def train_step(model, optimizer, batches: Iterator[dict], cfg: TrainConfig, acce
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm, tokens * accelerator.num_processes
-
-
-def agree_on_run_dir(accelerator: Accelerator, output_dir: str) -> Path:
-    """Rank 0's run folder for every rank (a timestamp may resolve differently on each)."""
-    chosen = [str(Path(output_dir).expanduser().resolve())]
-    broadcast_object_list(chosen, from_process=0)
-    run_dir = Path(chosen[0])
-    if accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
-    return run_dir
 
 
 @contextmanager
@@ -208,7 +189,7 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
         accelerator, cfg.logger, cfg.project, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     )
     metrics = MetricsLog(accelerator, run_dir, start_step=step)
-    result = TrainResult(run_dir, run_dir / "hf", resume_from, wandb_dir)
+    result = TrainResult(run_dir, export_dir(run_dir), resume_from, wandb_dir)
     if data.heldout.num_rows == 0:
         log.warning("the held-out split is empty (too few documents): training runs without evaluation")
 

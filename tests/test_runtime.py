@@ -1,4 +1,5 @@
-"""wandb on a fresh machine: offline unless a key is configured, decided before wandb settles its settings."""
+"""What train and eval share: mixed precision settings, wandb on a fresh machine (offline unless a key is configured,
+decided before wandb settles its settings), and eval's independence from train."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from legalpt.train import tracking
+from legalpt import runtime
+
+
+def test_bad_mixed_precision_names_the_key():
+    with pytest.raises(ValueError, match=r"train\.mixed_precision"):
+        runtime.mixed_precision("fp8")
+
+
+def test_eval_imports_no_training_code():
+    """Train may run evaluation; eval only shares legalpt.runtime with it, so it never loads the training loop."""
+    code = "import sys, legalpt.eval.run; assert not [m for m in sys.modules if m.startswith('legalpt.train')]"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 @pytest.fixture
@@ -22,7 +34,7 @@ def bare_home(tmp_path, monkeypatch):
 
 
 def test_no_key_means_offline(bare_home):
-    tracking.wandb_offline_unless_keyed()
+    runtime.wandb_offline_unless_keyed()
     assert os.environ["WANDB_MODE"] == "offline"
 
 
@@ -30,20 +42,20 @@ def test_a_netrc_key_or_an_explicit_mode_is_left_alone(bare_home, monkeypatch):
     netrc_file = bare_home / ".netrc"
     netrc_file.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
     netrc_file.chmod(0o600)
-    tracking.wandb_offline_unless_keyed()
+    runtime.wandb_offline_unless_keyed()
     assert "WANDB_MODE" not in os.environ
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    tracking.wandb_offline_unless_keyed()
+    runtime.wandb_offline_unless_keyed()
     assert os.environ["WANDB_MODE"] == "disabled"
 
 
 def test_a_fresh_machine_starts_an_offline_run(bare_home):
     """The whole path in a clean process: wandb.init must not ask for a login (it did when wandb was asked first)."""
     code = (
-        "from legalpt.train.tracking import wandb_offline_unless_keyed; wandb_offline_unless_keyed(); import wandb; "
+        "from legalpt.runtime import wandb_offline_unless_keyed; wandb_offline_unless_keyed(); import wandb; "
         f"run = wandb.init(dir={str(bare_home)!r}, project='legalpt-test'); assert run.settings.mode == 'offline'; "
         "run.finish()"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env |= {"HOME": str(bare_home), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env |= {"HOME": str(bare_home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=bare_home, timeout=120)
