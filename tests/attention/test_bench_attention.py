@@ -1,5 +1,7 @@
-"""scripts/bench_attention.py as a CPU dry run: its record, and what a run cut off midway leaves."""
+"""scripts/bench_attention.py as a CPU dry run: its record, what a run cut off midway leaves, and the parts it is
+built from (scripts/benchmarking/attention: the shape plan and the merge of a split run)."""
 
+import importlib
 import importlib.util
 import json
 import sys
@@ -7,17 +9,24 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_attention.py"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 ARGS = ["--device", "cpu", "--masks", "causal", "--head-dims", "64", "--impls", "reference", "--modes", "fwd"]
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # as `python scripts/bench_attention.py` finds scripts/benchmarking
+    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPTS / "bench_attention.py")
     module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_attention", module)  # its dataclasses look their module up there
+    monkeypatch.setitem(sys.modules, "bench_attention", module)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def shapes(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    return importlib.import_module("benchmarking.attention.shapes")
 
 
 def _record(out: Path) -> dict:
@@ -77,17 +86,17 @@ def test_a_run_cut_off_keeps_the_shapes_it_measured(bench, tmp_path, monkeypatch
     assert {r["seqlen_q"] for r in record["rows"]} == {bench.CPU_SCALE.seqlens[0]}
 
 
-def test_shapes_run_in_the_order_given(bench):
-    shapes = bench.selected(bench.plan(bench.GPU_SCALE, quick=False), ["window-1024", "dense"], [128, 64])
-    order = list(dict.fromkeys((s.head_dim, s.mask) for s in shapes))
+def test_shapes_run_in_the_order_given(shapes):
+    chosen = shapes.selected(shapes.plan(shapes.GPU_SCALE, quick=False), ["window-1024", "dense"], [128, 64])
+    order = list(dict.fromkeys((s.head_dim, s.mask) for s in chosen))
     assert order == [(128, "window-1024"), (128, "dense"), (64, "window-1024"), (64, "dense")]
-    seqlens = [s.seqlen for s in shapes if (s.head_dim, s.mask) == (128, "dense")]
+    seqlens = [s.seqlen for s in chosen if (s.head_dim, s.mask) == (128, "dense")]
     assert seqlens == sorted(seqlens)  # the plan's order within
 
 
-def test_seqlens_select_and_order(bench):
-    shapes = bench.selected(bench.plan(bench.GPU_SCALE, quick=False), ["window-1024"], [128], [65536, 16384])
-    assert [(s.mask, s.seqlen) for s in shapes] == [("window-1024", 65536), ("window-1024", 16384)]
+def test_seqlens_select_and_order(shapes):
+    chosen = shapes.selected(shapes.plan(shapes.GPU_SCALE, quick=False), ["window-1024"], [128], [65536, 16384])
+    assert [(s.mask, s.seqlen) for s in chosen] == [("window-1024", 65536), ("window-1024", 16384)]
 
 
 def test_no_shape_matches_the_selection(bench, tmp_path):
@@ -95,6 +104,20 @@ def test_no_shape_matches_the_selection(bench, tmp_path):
         bench.main([*ARGS, "--seqlens", "7", "--out", str(tmp_path)])
 
 
-def test_all_shapes_without_a_selection(bench):
-    shapes = bench.plan(bench.GPU_SCALE, quick=False)
-    assert bench.selected(shapes, None, None) == shapes
+def test_all_shapes_without_a_selection(shapes):
+    planned = shapes.plan(shapes.GPU_SCALE, quick=False)
+    assert shapes.selected(planned, None, None) == planned
+
+
+def test_merge_adds_a_part_to_the_record_of_the_day(bench, tmp_path):
+    assert bench.main([*ARGS, "--out", str(tmp_path)]) == 0
+    part = ["--device", "cpu", "--masks", "dense", "--head-dims", "64", "--impls", "reference", "--modes", "fwd"]
+    assert bench.main([*part, "--seqlens", "128", "--merge", "--out", str(tmp_path)]) == 0
+    record = _record(tmp_path)
+    assert {(r["mask"], r["seqlen_q"]) for r in record["rows"]} == {
+        *(("causal", s) for s in bench.CPU_SCALE.seqlens),
+        ("dense", 128),
+    }
+    first, second = record["header"]["parts"]
+    assert "--masks causal" in first and "--masks dense" in second and "--merge" in second
+    assert len(record["ratios"]) == len(record["rows"])  # one row per shape and mode: reference alone
