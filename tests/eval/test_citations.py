@@ -14,8 +14,8 @@ from eyecite import get_citations, resolve_citations
 from eyecite.models import FullCaseCitation, IdCitation, ShortCaseCitation, SupraCitation
 
 from legalpt.config import DataConfig
+from legalpt.data.demo import generate_documents
 from legalpt.data.sources import load_documents
-from legalpt.data.synthetic import generate_documents
 from legalpt.data.tokenizer import train_bpe
 from legalpt.eval.citations import (
     CITATION_METRICS,
