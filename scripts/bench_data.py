@@ -1,7 +1,7 @@
 """Data-preparation throughput: our `prepare` against a plain `datasets` baseline, same input, same tokenizer.
 
 The input is raw text written as .jsonl shards to a temporary folder: distinct demo documents
-(`legalpt.data.synthetic.generate_documents`, new seeds until --mb megabytes) or the documents of --paths. A byte-level
+(`legalpt.data.demo.generate_documents`, new seeds until --mb megabytes) or the documents of --paths. A byte-level
 BPE is trained on a sample first (untimed) and saved; all three variants load it from that folder:
 
     ours_full      legalpt.data.pipeline.prepare: load, clean, exact + near dedup, split, tokenize, pack
@@ -11,7 +11,8 @@ BPE is trained on a sample first (untimed) and saved; all three variants load it
 
 Every run gets a fresh cache folder, so nothing is reused between runs. The variants run in turn, --repeats times,
 and each one's median time counts; MB are 10^6 bytes of UTF-8 document text. The record goes to
-<out>/data-<yyyymmdd>.json with a header naming the machine, versions, commit, date and command.
+<out>/data-cpu<cores>-<yyyymmdd>.json (scripts/benchmarking/record.py names and heads it), replacing the machine's
+earlier one.
 
     python scripts/bench_data.py                      # ~20 MB of demo documents, num_proc = CPU count
     python scripts/bench_data.py --mb 0.2 --repeats 1 # smoke test
@@ -20,7 +21,7 @@ and each one's median time counts; MB are 10^6 bytes of UTF-8 document text. The
 clean, tokenize, pack every row once) over inputs of each --sizes-mb: .jsonl shards of demo documents repeated with
 varied ids, written under the system's temporary folder and deleted after. Each size runs in a fresh process, whose
 peak resident set size (ru_maxrss) is the figure; memory is flat when the largest peak is within 1.2x of the smallest.
-The result is stored under "streaming_memory" in the same data-<yyyymmdd>.json, next to what is there already.
+The result is stored under "streaming_memory" in the same record, next to the throughput that is there already.
 
     python scripts/bench_data.py --streaming-memory --sizes-mb 1000 4000  # the issue's 1 GB and 4 GB
 """
@@ -33,14 +34,12 @@ import multiprocessing
 import os
 import platform
 import resource
-import shlex
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 
 # The forked map workers would each switch the Rust thread pool off with a warning; one setting for every variant.
@@ -50,18 +49,16 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import datasets
 import pyarrow.compute as pc
 import tokenizers
-import torch
+from benchmarking import record
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from legalpt.config import CleanConfig, DataConfig, DedupConfig
+from legalpt.data.demo import generate_documents
 from legalpt.data.pipeline import prepare
 from legalpt.data.sources import load_documents
 from legalpt.data.stream import PackedStream, stream_records
-from legalpt.data.synthetic import generate_documents
 from legalpt.data.tokenizer import train_bpe
-from legalpt.provenance import commit
 
-ROOT = Path(__file__).resolve().parent.parent
 MB = 10**6
 TARGETS = {"ours_full": 1.5, "ours_tok_pack": 1.0}  # most allowed time of each, as a multiple of the baseline's
 FLAT_MEMORY = 1.2  # most allowed peak memory of streaming prepare, as a multiple of the smallest input's
@@ -78,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab-size", type=int, default=8192, help="size of the BPE all variants use")
     parser.add_argument("--tokenizer-mb", type=float, default=2.0, help="MB of text the BPE is trained on")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each variant (the median counts)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder of the JSON record")
+    parser.add_argument("--out", type=Path, default=record.RESULTS, help="folder of the JSON record")
     parser.add_argument("--streaming-memory", action="store_true", help="peak memory of streaming prepare instead")
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1000.0, 4000.0], help="inputs, streaming")
     args = parser.parse_args(argv)
@@ -226,25 +223,23 @@ def measure(files: list[str], tokenizer: Path, scratch: Path, args: argparse.Nam
 
 
 def header(args: argparse.Namespace, argv: list[str] | None, corpus: dict) -> dict:
-    return {
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": platform.machine()},
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "datasets": datasets.__version__,
-        "tokenizers": tokenizers.__version__,
-        "commit": commit(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", "scripts/bench_data.py", *(sys.argv[1:] if argv is None else argv)]),
-        "settings": {
+    """The record's header, filed under the CPU: this benchmark measures no GPU."""
+    return record.header(
+        "data", "cpu", __file__, argv,
+        machine={"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": platform.machine()},
+        python=platform.python_version(),
+        datasets=datasets.__version__,
+        tokenizers=tokenizers.__version__,
+        settings={
             "seq_len": args.seq_len,
             "num_proc": args.num_proc,
             "vocab_size": args.vocab_size,
             "repeats": args.repeats,
             "tokenizers_parallelism": os.environ["TOKENIZERS_PARALLELISM"],
         },
-        "corpus": corpus,
-        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
-    }
+        corpus=corpus,
+        load_avg_1m_at_start=round(os.getloadavg()[0], 2),
+    )  # fmt: skip
 
 
 def table(rows: list[dict], mb: float) -> str:
@@ -336,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     datasets.disable_progress_bars()
     if args.streaming_memory:
         result = streaming_memory(args, argv)
-        path = update_record(args.out, {"streaming_memory": result})
+        path = update_record(args.out, {"streaming_memory": result}, result["header"])
         print(f"wrote {path}: peak memory ratio {result['peak_ratio']} (target <= {FLAT_MEMORY}, met: {result['met']})")
         return 0
     with tempfile.TemporaryDirectory(prefix="bench_data-") as tmp:
@@ -348,21 +343,19 @@ def main(argv: list[str] | None = None) -> int:
         files = write_shards(texts, scratch / "input", min(args.shards, len(texts)))
         save_tokenizer(texts, args.vocab_size, args.tokenizer_mb, scratch / "tokenizer")
         corpus = {"source": "paths" if args.paths else "demo", "documents": len(texts), "raw_bytes": raw_bytes}
-        record = {"header": header(args, argv, {**corpus, "files": len(files)}), "rows": []}
-        record["rows"] = measure(files, scratch / "tokenizer", scratch, args, raw_bytes)
-    path = update_record(args.out, record)
+        head = header(args, argv, {**corpus, "files": len(files)})
+        rows = measure(files, scratch / "tokenizer", scratch, args, raw_bytes)
+    path = update_record(args.out, {"header": head, "rows": rows}, head)
     print(f"wrote {path}")
-    print(table(record["rows"], raw_bytes / MB))
+    print(table(rows, raw_bytes / MB))
     return 0
 
 
-def update_record(out: Path, parts: dict) -> Path:
-    """Write `parts` into the day's record in `out`, keeping what the other mode measured there."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"data-{datetime.now(timezone.utc):%Y%m%d}.json"
-    record = json.loads(path.read_text()) if path.exists() else {}
-    path.write_text(json.dumps(record | parts, indent=2) + "\n")
-    return path
+def update_record(out: Path, parts: dict, head: dict) -> Path:
+    """Write `parts` into the machine's record in `out` (renamed to `head`'s date), keeping what the other mode
+    measured there."""
+    old = record.current(out, head["benchmark"], head["gpu"])
+    return record.write(out, (json.loads(old.read_text()) if old else {}) | parts, head)
 
 
 if __name__ == "__main__":

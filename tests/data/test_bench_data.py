@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from legalpt.data.synthetic import generate_documents
+from legalpt.data.demo import generate_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_FIELDS = {"machine", "python", "torch", "datasets", "tokenizers", "commit", "date", "command"}
