@@ -6,7 +6,8 @@ prompt ends with the case name, "..., Marlowe Logistics Corp. v. Quarry Networks
 --prompt-tokens tokens. eos is held back, so every prompt generates exactly --max-new-tokens tokens whatever the random
 weights predict. For each batch size, `legalpt.eval.generate` runs once to warm up and once timed, first with
 attn_implementation="legalpt", then "sdpa". The rows (prompts/s, new tokens/s, ours/sdpa) go to
-<out>/generate-<gpu>-<yyyymmdd>.json with a header naming the GPU, versions, commit, date and command.
+<out>/generate-<gpu>-<yyyymmdd>.json (scripts/benchmarking/record.py names and heads it), replacing the GPU's
+earlier record.
 
     python scripts/bench_generate.py                                            # 1b preset, bf16, cuda
     python scripts/bench_generate.py --preset tiny --device cpu --prompts 8     # smoke test
@@ -15,27 +16,22 @@ attn_implementation="legalpt", then "sdpa". The rows (prompts/s, new tokens/s, o
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-import transformers
+from benchmarking import record
 from omegaconf import OmegaConf
 
-from legalpt.attention import BACKEND_ENV, get_backend
+from legalpt.attention import BACKEND_ENV, BACKENDS, get_backend
 from legalpt.config import CONF_DIR, GenerationConfig, ModelConfig
-from legalpt.data.synthetic import generate_documents
+from legalpt.data.demo import generate_documents
 from legalpt.data.tokenizer import train_bpe
 from legalpt.eval.generate import generate_with_stats
 from legalpt.model import build_model, count_parameters
-from legalpt.provenance import commit
 
-ROOT = Path(__file__).resolve().parent.parent
 ATTENTIONS = ("legalpt", "sdpa")  # ours first, then the baseline on the same weights
 
 
@@ -44,14 +40,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", default="1b", help="model preset in conf/model/")
     parser.add_argument("--device", default="cuda", help="cuda | cpu")
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 on cpu) | bfloat16 | float32")
-    parser.add_argument("--backend", default="auto", help="backend behind legalpt attention: auto | reference | sdpa")
+    parser.add_argument("--backend", default="auto", choices=BACKENDS, help="backend behind legalpt attention")
     parser.add_argument("--prompts", type=int, default=256, help="number of prompts")
     parser.add_argument("--prompt-tokens", type=int, default=256, help="tokens of text before each citation")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per prompt (eos held back)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64], help="prompts per generate() call")
     parser.add_argument("--documents", type=int, default=64, help="demo documents (prompts and tokenizer corpus)")
     parser.add_argument("--vocab-size", type=int, default=32000, help="BPE size (fewer if the corpus runs out)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder of the JSON record")
+    parser.add_argument("--out", type=Path, default=record.RESULTS, help="folder of the JSON record")
     args = parser.parse_args(argv)
     for name in ("prompts", "prompt_tokens", "max_new_tokens", "documents"):
         if getattr(args, name) < 1:
@@ -120,25 +116,17 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def header(args: argparse.Namespace, model, tokenizer, dtype: str) -> dict:
-    stamp = datetime.now(timezone.utc)
-    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"cpu{os.cpu_count()}"
-    return {
-        "gpu": device,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cuda": torch.version.cuda,
-        "commit": commit(),
-        "date": stamp.isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "preset": args.preset,
-        "parameters": count_parameters(model),
-        "vocab_size": len(tokenizer),
-        "dtype": dtype,
-        "legalpt_backend": os.environ.get(BACKEND_ENV) or get_backend(),
-        "max_new_tokens": args.max_new_tokens,
-        "prompt_tokens": args.prompt_tokens,
-    }
+def header(args: argparse.Namespace, argv: list[str] | None, model, tokenizer, dtype: str) -> dict:
+    return record.header(
+        "generate", args.device, __file__, argv,
+        preset=args.preset,
+        parameters=count_parameters(model),
+        vocab_size=len(tokenizer),
+        dtype=dtype,
+        legalpt_backend=os.environ.get(BACKEND_ENV) or get_backend(),
+        max_new_tokens=args.max_new_tokens,
+        prompt_tokens=args.prompt_tokens,
+    )  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:
@@ -171,11 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"attention": attention, "batch_size": batch_size, **measured})
         ours, sdpa = rows[-2], rows[-1]
         ours["ratio_vs_sdpa"] = ours["new_tokens_per_s"] / sdpa["new_tokens_per_s"]
-    record = {"header": header(args, model, tokenizer, dtype), "rows": rows}
-    name = record["header"]["gpu"].replace(" ", "-")
-    path = args.out / f"generate-{name}-{datetime.now(timezone.utc):%Y%m%d}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    path = record.write(args.out, {"header": header(args, argv, model, tokenizer, dtype), "rows": rows})
     print(f"wrote {path}")
     print(table(rows))
     return 0
