@@ -1,18 +1,18 @@
 """Where a kernel's warps stall, per SASS instruction and per stretch of code, from Nsight Compute's PC sampling.
 
 Reads the table `ncu -i REPORT --page source --csv --print-source sass` writes for a report taken with
-`--section SourceCounters`, e.g. of the d64 backward at the window (on the GPU machine):
+`--section SourceCounters`, e.g. of the fa3 backward at head dim 64 and a 1024-token window (on a GPU;
+bench_attention's --ncu-runs runs each step a few times, untimed, for ncu to wrap):
 
     ncu --clock-control none -k bwd_kernel --launch-skip 2 --launch-count 1 --section SourceCounters -o bwd \
         python scripts/bench_attention.py --head-dims 64 --masks window-1024 --seqlens 65536 --impls fa3 \
         --modes fwd+bwd --ncu-runs 3
     ncu -i bwd.ncu-rep --page source --csv --print-source sass > bwd-sass.csv
 
-Prints the kernel's stall
-reasons over all its samples, the instructions with the most samples, and the code cut into stretches that end at
-each MMA, wait, barrier or branch, with their share of the samples and how often they ran (`Instructions Executed`,
-per warp). The stretches show which phase of a loop the time goes to, since a stall is sampled on the instruction
-that waits, not on the one it waits for.
+Prints the kernel's stall reasons over all its samples, the instructions with the most samples, and the code cut into
+stretches that end at each MMA, wait, barrier or branch, with their share of the samples and how often they ran
+(`Instructions Executed`, per warp). The stretches show which phase of a loop the time goes to, since a stall is
+sampled on the instruction that waits, not on the one it waits for.
 
     python scripts/ncu_stalls.py bwd-sass.csv --top 30
     python scripts/ncu_stalls.py bwd-sass.csv --stretches --min-share 0.2
@@ -36,6 +36,8 @@ LANDMARK = re.compile(r"HGMMA|WARPGROUP|DEPBAR|BAR\.|SYNCS|BRA|EXIT|VOTE")
 
 @dataclass
 class Instruction:
+    """One SASS instruction of the kernel, in program order, with its PC samples."""
+
     index: int
     sass: str
     samples: int
@@ -76,6 +78,7 @@ def _top_reasons(reasons: Counter, total: int, n: int = 3) -> str:
 
 
 def summary(instructions: list[Instruction], top: int) -> list[str]:
+    """The totals, the stall reasons over all samples, then the `top` instructions with the most samples."""
     total = sum(i.samples for i in instructions)
     reasons = sum((i.reasons for i in instructions), Counter())
     lines = [f"{len(instructions)} instructions, {total} samples", "by reason: " + _top_reasons(reasons, total, 10)]

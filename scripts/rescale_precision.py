@@ -2,19 +2,23 @@
 
 The fa2 forward rounds P = exp2(s - m) to bf16 for P V. Moving the reference max m only when a tile's max passes it
 by more than a slack (FA4's trick, fewer O rescales) leaves P's largest values anywhere in their binade instead of
-at 1 and just below, where bf16's relative spacing is finest. This measures what that costs, on the mask of
-test_flex_attention_agrees (window (128, 64) + 64 global tokens, 1024 tokens, head dim 64), against float64.
+at 1 and just below, where bf16's relative spacing is finest. This measures what that costs, against float64, on the
+mask of test_flex_attention_agrees (window (128, 64) + 64 global tokens, 1024 tokens, head dim 64). It is why the
+forward kernels rescale O whenever a row's max grows.
 
-usage: python scripts/rescale_precision.py [--seeds 10]
+    python scripts/rescale_precision.py --seeds 10
 """
+
+from __future__ import annotations
 
 import argparse
 import math
 
 import torch
+from torch import Tensor
 
 
-def online_softmax(q, k, v, mask, slack: float, block_n: int = 64):
+def online_softmax(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, slack: float, block_n: int = 64) -> Tensor:
     """Attention of q (S, D) over k, v tile by tile like the kernel: float32 state, P rounded to bf16 for P V."""
     scale = math.log2(math.e) / math.sqrt(q.shape[1])
     m = torch.full((q.shape[0],), -math.inf)
@@ -31,10 +35,10 @@ def online_softmax(q, k, v, mask, slack: float, block_n: int = 64):
     return acc / row_sum[:, None]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=10)
-    args = parser.parse_args()
+    parser.add_argument("--seeds", type=int, default=10, help="random inputs the errors are averaged over")
+    args = parser.parse_args(argv)
     n, d = 1024, 64
     i, j = torch.arange(n)[:, None], torch.arange(n)[None]
     mask = ((j >= i - 128) & (j <= i + 64)) | (i < 64) | (j < 64)
