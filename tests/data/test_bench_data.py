@@ -36,6 +36,7 @@ def test_bench_data_writes_a_consistent_record(tmp_path, rng):
 
     header = record["header"]
     assert set(header) >= HEADER_FIELDS and header["commit"] == "test-commit"
+    assert header["benchmark"] == "data" and path.name.startswith(f"data-{header['gpu']}-")
     assert header["machine"]["cpu_count"] == os.cpu_count() and "--mb 0.2" in header["command"]
     documents, raw_bytes = expected_corpus(0.2, seed)
     assert (header["corpus"]["documents"], header["corpus"]["raw_bytes"]) == (documents, raw_bytes)
