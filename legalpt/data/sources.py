@@ -325,7 +325,7 @@ def text_batches(texts: datasets.Dataset | Iterable[str]) -> Iterator[Iterable[s
 def _demo_corpus(num_documents: int, seed: int) -> datasets.Dataset:
     if num_documents < 1:
         raise ValueError(f"data.synthetic_documents: expected at least 1 document, got {num_documents}")
-    from legalpt.data.synthetic import generate_documents  # only the demo corpus needs the generator
+    from legalpt.data.demo import generate_documents  # only the demo corpus needs the generator
 
     records = [
         {

@@ -282,7 +282,7 @@ def _with_states(records: datasets.IterableDataset, start: dict | None) -> Itera
 
 
 def _demo_records(num_documents: int, seed: int) -> Iterator[dict[str, str]]:
-    from legalpt.data.synthetic import generate_documents  # only the demo corpus needs the generator
+    from legalpt.data.demo import generate_documents  # only the demo corpus needs the generator
 
     for doc in generate_documents(num_documents, seed):
         meta = json.dumps(doc["meta"], default=str)

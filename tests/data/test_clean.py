@@ -14,7 +14,7 @@ from eyecite.models import FullCaseCitation
 
 from legalpt.config import CleanConfig
 from legalpt.data.clean import clean_batch, clean_text
-from legalpt.data.synthetic import generate_documents
+from legalpt.data.demo import generate_documents
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 STEPS = [f.name for f in dataclasses.fields(CleanConfig) if f.name != "enabled"]

@@ -12,7 +12,7 @@ from datasketch import LeanMinHash
 
 from legalpt.config import DedupConfig
 from legalpt.data.dedup import _best_match, deduplicate
-from legalpt.data.synthetic import generate_documents
+from legalpt.data.demo import generate_documents
 
 MIN_WORDS = 2_000  # long enough that 3 changed words keep the shingle Jaccard near 0.99
 

@@ -153,7 +153,7 @@ def test_format_stats(tmp_path, corpus):
 
 
 def test_demo_corpus(tmp_path):
-    pytest.importorskip("legalpt.data.synthetic")
+    pytest.importorskip("legalpt.data.demo")
     cfg = DataConfig(synthetic_documents=6, seq_len=128, vocab_size=1024, cache_dir=str(tmp_path / "cache"))
     data = prepare(cfg)
     documents, _ = load_documents(cfg)

@@ -399,7 +399,7 @@ def test_corpus_fingerprint_follows_content(tmp_path, rng):
 
 
 def test_demo_corpus(tmp_path):
-    pytest.importorskip("legalpt.data.synthetic")
+    pytest.importorskip("legalpt.data.demo")
     documents, report = load(tmp_path, synthetic_documents=4, seed=3)
     assert len(documents) == 4 and report.total == 0
     assert {d["source"] for d in documents} == {"synthetic"}

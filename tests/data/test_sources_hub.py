@@ -302,7 +302,7 @@ def test_kind_guess_on_statutes_and_plain_text(rng):
 
 
 def test_kind_guess_on_the_demo_corpus():
-    from legalpt.data.synthetic import generate_documents
+    from legalpt.data.demo import generate_documents
 
     documents = generate_documents(60, random.randrange(2**32))
     right = sum(guess_kind(d["text"]) == d["kind"] for d in documents)
