@@ -85,17 +85,17 @@ def _sdpa(x: Inputs, backend: SDPBackend) -> Runner:
 def _flex(x: Inputs) -> Runner:
     """FlexAttention with the shape's mask, through legalpt's flex backend called directly: the public API would add
     its argument checks, and for varlen a host sync on cu_seqlens, to the baseline's time. The one use of legalpt
-    internals here: `legalpt.attention.flex.attention(q, k, v, cu_q, cu_k, max_q, max_k, spec, scale, softcap,
-    deterministic) -> (out, lse)`."""
-    from legalpt.attention import flex  # FlexAttention's imports cost a quarter second: only when it runs
+    internals here: `legalpt.attention.backends.get("flex")` and its `attention(AttentionBatch) -> (out, lse)`."""
+    from legalpt.attention.backends import AttentionBatch, get  # the flex backend's imports: only when it runs
 
     shape = x.shape
     max_len = max(shape.doc_lens, default=shape.seqlen)
-    args = (x.cu_seqlens, x.cu_seqlens, max_len, max_len, shape.spec, shape.head_dim**-0.5, 0.0, False)
     q, k, v = x.q, x.k, x.v
     if q.device.type != "cuda":  # FlexAttention has no backward on the CPU and refuses inputs that need one
         q, k, v = q.detach(), k.detach(), v.detach()
-    return lambda: flex.attention(q, k, v, *args)[0]
+    batch = AttentionBatch(q, k, v, x.cu_seqlens, x.cu_seqlens, max_len, max_len, shape.spec, shape.head_dim**-0.5)
+    flex = get("flex")
+    return lambda: flex.attention(batch)[0]
 
 
 def shape_modes(shape: Shape, modes: tuple[str, ...]) -> tuple[str, ...]:
