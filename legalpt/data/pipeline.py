@@ -29,7 +29,8 @@ from legalpt.data import pack
 from legalpt.data.clean import clean_documents
 from legalpt.data.dedup import deduplicate
 from legalpt.data.pack import PackStats, pack_dataset
-from legalpt.data.sources import SkipReport, corpus_fingerprint, count_characters, load_documents
+from legalpt.data.readers.rows import SkipReport
+from legalpt.data.sources import corpus_fingerprint, count_characters, load_documents
 from legalpt.data.tokenizer import check_vocab_size, compare_tokenizers, extend_tokenizer, get_tokenizer, load_tokenizer
 
 SPLITS = ("train", "heldout")

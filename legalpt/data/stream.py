@@ -48,17 +48,9 @@ from legalpt.config import CleanConfig, DataConfig
 from legalpt.data.clean import clean_text
 from legalpt.data.pack import ROW_FEATURES, check_packing, collate_packed, pack_documents
 from legalpt.data.pipeline import encode_batch
-from legalpt.data.sources import (
-    FEATURES,
-    FILES,
-    MAX_LINE_BYTES,
-    SkipReport,
-    data_sources,
-    find_files,
-    mixed_rows,
-    open_source,
-    read_files,
-)
+from legalpt.data.readers import MAX_LINE_BYTES, read_files
+from legalpt.data.readers.rows import FEATURES, SkipReport
+from legalpt.data.sources import FILES, data_sources, find_files, mixed_rows, open_source
 from legalpt.data.tokenizer import get_tokenizer
 
 SPLITS = ("train", "heldout")
