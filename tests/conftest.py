@@ -1,4 +1,5 @@
-"""Test setup shared by the whole suite: offline hubs and trackers, and the `cuda` marker's skip."""
+"""Test setup shared by the whole suite: offline hubs and trackers, the `cuda` marker's skip, and fixtures: seeded
+randomness, the tiny model config, an interrupted training run."""
 
 import os
 
@@ -8,9 +9,13 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
+from omegaconf import OmegaConf
+
+from legalpt.config import CONF_DIR, ModelConfig
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,6 +34,18 @@ def rng() -> random.Random:
     print(f"seed={seed}")
     torch.manual_seed(seed)
     return random.Random(seed)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_config() -> Callable[..., ModelConfig]:
+    """A function of ModelConfig fields: the `tiny` preset (conf/model/tiny.yaml: a 2-layer Llama, hidden 64, 4 heads,
+    2 kv heads, intermediate 128) with those fields overridden, as `model=tiny model.<field>=...` composes it."""
+    preset = OmegaConf.load(CONF_DIR / "model" / "tiny.yaml")
+
+    def make(**overrides) -> ModelConfig:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), preset, overrides))
+
+    return make
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 import copy
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -17,26 +18,34 @@ WINDOW = 8  # shorter than the sequences below, so the sliding window changes th
 ARCHS = ["llama", "mistral", "qwen2"]
 
 
-def make_model(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A 2-layer model with GQA; Mistral slides in every layer, Qwen2 in its second layer only."""
+@pytest.fixture(scope="module")
+def make_model(tiny_model_config) -> Callable[..., torch.nn.Module]:
+    """A function of an arch and a dtype: a model of the `tiny` preset's shape (2 layers, GQA; a narrower MLP) on
+    legalpt attention. Mistral slides in every layer, Qwen2 in its second layer only, which needs transformers' own
+    config (legalpt's `hf_config` slides in every layer)."""
+    tiny = tiny_model_config(intermediate_size=96, max_position_embeddings=256)
     per_arch = {
         "llama": {},
         "mistral": {"sliding_window": WINDOW},
         "qwen2": {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
     }
-    config = AutoConfig.for_model(
-        arch,
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=96,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        **per_arch[arch],
-    )
-    return AutoModelForCausalLM.from_config(config, attn_implementation=NAME, dtype=dtype).eval()
+
+    def make(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        config = AutoConfig.for_model(
+            arch,
+            vocab_size=VOCAB,
+            hidden_size=tiny.hidden_size,
+            num_hidden_layers=tiny.num_layers,
+            num_attention_heads=tiny.num_heads,
+            num_key_value_heads=tiny.num_kv_heads,
+            intermediate_size=tiny.intermediate_size,
+            max_position_embeddings=tiny.max_position_embeddings,
+            pad_token_id=0,
+            **per_arch[arch],
+        )
+        return AutoModelForCausalLM.from_config(config, attn_implementation=NAME, dtype=dtype).eval()
+
+    return make
 
 
 def logits(model: torch.nn.Module, implementation: str, **inputs) -> torch.Tensor:
@@ -60,7 +69,7 @@ def test_import_legalpt_does_not_import_transformers():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_register_is_idempotent_and_models_call_legalpt_attention(monkeypatch):
+def test_register_is_idempotent_and_models_call_legalpt_attention(monkeypatch, make_model):
     legalpt.hf.register()
     legalpt.hf.register()
     assert "flash" not in NAME
@@ -89,7 +98,7 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_float32_logits_and_gradients_match_sdpa_and_eager(arch):
+def test_float32_logits_and_gradients_match_sdpa_and_eager(arch, make_model):
     # Tolerances: a few times the gap between sdpa and eager themselves (relative to the largest logit, and per
     # parameter relative to the gradient's norm).
     model = make_model(arch, torch.float32)
@@ -104,7 +113,7 @@ def test_float32_logits_and_gradients_match_sdpa_and_eager(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_bfloat16_logits_and_gradients_by_flash_attn_rule(arch):
+def test_bfloat16_logits_and_gradients_by_flash_attn_rule(arch, make_model):
     """flash-attn's rule for low precision: against the same model in float32 (eager), our bf16 error is at most 2x
     (logits) and 3x (gradients) that of transformers' own bf16 attention (sdpa and eager), plus a small floor."""
     model = make_model(arch, torch.bfloat16)
@@ -122,7 +131,7 @@ def test_bfloat16_logits_and_gradients_by_flash_attn_rule(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_bf16_autocast_over_float32_weights_matches_sdpa(arch):
+def test_bf16_autocast_over_float32_weights_matches_sdpa(arch, make_model):
     # Under autocast RoPE hands over float32 q, k and a bfloat16 v, as in mixed-precision training.
     model = make_model(arch)
     input_ids = torch.randint(VOCAB, (2, 24))
@@ -134,7 +143,7 @@ def test_bf16_autocast_over_float32_weights_matches_sdpa(arch):
         assert (our_grads[name] - grad).norm() <= 3e-2 * grad.norm(), name
 
 
-def test_sliding_window_changes_logits_after_the_window():
+def test_sliding_window_changes_logits_after_the_window(make_model):
     model = make_model("mistral")
     input_ids = torch.randint(VOCAB, (1, 24))
     windowed = logits(model, NAME, input_ids=input_ids)
@@ -154,7 +163,7 @@ def random_documents(rows: int, length: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_packed_rows_give_each_document_its_own_logits(arch):
+def test_packed_rows_give_each_document_its_own_logits(arch, make_model):
     model = make_model(arch)
     lengths = random_documents(rows=2, length=30)
     input_ids = torch.randint(VOCAB, (2, 30))
@@ -168,7 +177,7 @@ def test_packed_rows_give_each_document_its_own_logits(arch):
             start += n
 
 
-def test_packed_and_padded_rows_give_each_document_its_own_logits():
+def test_packed_and_padded_rows_give_each_document_its_own_logits(make_model):
     model = make_model("mistral")
     lengths = [[5, 11], [12, 3, 9]]  # the first row ends with 8 padding tokens
     input_ids = torch.randint(1, VOCAB, (2, 24))
@@ -185,7 +194,7 @@ def test_packed_and_padded_rows_give_each_document_its_own_logits():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_cu_seq_lens_kwargs_separate_documents(arch):
+def test_cu_seq_lens_kwargs_separate_documents(arch, make_model):
     # Positions run on across documents: RoPE is relative, so only cu_seq_lens keeps the documents apart.
     model = make_model(arch)
     lengths = random_documents(rows=1, length=40)[0]
@@ -211,7 +220,7 @@ def padded_batch(lengths: list[int], side: str) -> tuple[torch.Tensor, torch.Ten
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("side", ["right", "left"])
-def test_padded_batch_matches_sdpa_on_real_tokens(arch, side):
+def test_padded_batch_matches_sdpa_on_real_tokens(arch, side, make_model):
     model = make_model(arch)
     input_ids, mask = padded_batch([20, 13, 6], side)
     ours = logits(model, NAME, input_ids=input_ids, attention_mask=mask)
@@ -236,7 +245,7 @@ def generate(model, implementation: str, input_ids, mask, **kwargs):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("cache_implementation", ["dynamic", "static"])
-def test_greedy_generation_with_cache_matches_sdpa(arch, cache_implementation):
+def test_greedy_generation_with_cache_matches_sdpa(arch, cache_implementation, make_model):
     model = make_model(arch)
     input_ids, mask = padded_batch([11, 5], "left")
     kwargs = {"pad_token_id": 0, "eos_token_id": None, "cache_implementation": cache_implementation}
@@ -246,7 +255,7 @@ def test_greedy_generation_with_cache_matches_sdpa(arch, cache_implementation):
     assert torch.equal(ours, expected)
 
 
-def test_unsupported_inputs_raise():
+def test_unsupported_inputs_raise(make_model):
     model = make_model("llama")
     input_ids = torch.randint(VOCAB, (2, 8))
     model.set_attn_implementation(NAME)

@@ -66,9 +66,9 @@ def test_small_builds_with_about_20m_parameters():
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
 
 
-def test_tiny_builds_from_config_and_tokenizer():
+def test_tiny_builds_from_config_and_tokenizer(tiny_model_config):
     tokenizer = make_tokenizer(300)
-    model = build_model(preset("tiny"), tokenizer)
+    model = build_model(tiny_model_config(), tokenizer)
     config = model.config
     assert (config.model_type, config._attn_implementation) == ("llama", "legalpt")
     assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (2, 64, 4)
@@ -80,8 +80,8 @@ def test_tiny_builds_from_config_and_tokenizer():
 
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen2"])
-def test_sliding_window_archs_slide_in_every_layer(arch):
-    model = build_model(preset("tiny", arch=arch, sliding_window=16), make_tokenizer(300))
+def test_sliding_window_archs_slide_in_every_layer(arch, tiny_model_config):
+    model = build_model(tiny_model_config(arch=arch, sliding_window=16), make_tokenizer(300))
     assert model.config.model_type == arch
     assert model.config.sliding_window == 16
     if arch == "qwen2":
@@ -89,16 +89,16 @@ def test_sliding_window_archs_slide_in_every_layer(arch):
         assert all(layer.self_attn.sliding_window == 16 for layer in model.model.layers)
 
 
-def test_count_parameters_counts_tied_embeddings_once():
+def test_count_parameters_counts_tied_embeddings_once(tiny_model_config):
     tokenizer = make_tokenizer(1000)
-    tied = count_parameters(build_model(preset("tiny"), tokenizer))
-    untied = count_parameters(build_model(preset("tiny", tie_word_embeddings=False), tokenizer))
+    tied = count_parameters(build_model(tiny_model_config(), tokenizer))
+    untied = count_parameters(build_model(tiny_model_config(tie_word_embeddings=False), tokenizer))
     assert untied - tied == 1000 * 64
 
 
-def test_pretrained_checkpoint_loads_with_its_tokenizer(tmp_path):
+def test_pretrained_checkpoint_loads_with_its_tokenizer(tmp_path, tiny_model_config):
     tokenizer = make_tokenizer(300)
-    saved = build_model(preset("tiny", attn_implementation="sdpa"), tokenizer)
+    saved = build_model(tiny_model_config(attn_implementation="sdpa"), tokenizer)
     saved.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     loaded_tokenizer = AutoTokenizer.from_pretrained(tmp_path)
@@ -112,8 +112,8 @@ def test_pretrained_checkpoint_loads_with_its_tokenizer(tmp_path):
         assert torch.equal(model.state_dict()[name], tensor.to(torch.bfloat16)), name
 
 
-def test_pretrained_checkpoint_rejects_a_larger_tokenizer(tmp_path):
-    build_model(preset("tiny"), make_tokenizer(300)).save_pretrained(tmp_path)
+def test_pretrained_checkpoint_rejects_a_larger_tokenizer(tmp_path, tiny_model_config):
+    build_model(tiny_model_config(), make_tokenizer(300)).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="embeds only 300"):
         build_model(ModelConfig(pretrained=str(tmp_path)), make_tokenizer(400))
 
@@ -130,6 +130,6 @@ def test_pretrained_checkpoint_rejects_a_larger_tokenizer(tmp_path):
         ({"dtype": "float64"}, r"model\.dtype must be one of float32, bfloat16, float16"),
     ],
 )
-def test_bad_model_config_raises_naming_the_key(overrides, message):
+def test_bad_model_config_raises_naming_the_key(overrides, message, tiny_model_config):
     with pytest.raises(ValueError, match=message):
-        build_model(preset("tiny", **overrides), make_tokenizer(300))
+        build_model(tiny_model_config(**overrides), make_tokenizer(300))

@@ -11,7 +11,6 @@ import pytest
 import torch
 from eval_helpers import SPECIALS, VOCAB, make_tokenizer
 
-from legalpt.config import ModelConfig
 from legalpt.eval.choice import (
     LEGALBENCH_PROMPT,
     ChoiceItem,
@@ -20,16 +19,6 @@ from legalpt.eval.choice import (
     summarize_choices,
 )
 from legalpt.model import build_model
-
-TINY = ModelConfig(
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=40,
-    attention_backend="reference",
-)
 
 
 def words(rng: random.Random, low: int, high: int, pool: int = VOCAB - len(SPECIALS)) -> str:
@@ -139,10 +128,13 @@ def direct_loglik(model: torch.nn.Module, context: list[int], continuation: list
 
 
 @pytest.mark.parametrize("bos", [False, True])
-def test_scores_match_a_direct_loop(rng, bos):
+def test_scores_match_a_direct_loop(rng, bos, tiny_model_config):
     tokenizer = make_tokenizer(bos)
-    model = build_model(TINY, tokenizer)
-    reference = build_model(dataclasses.replace(TINY, attn_implementation="sdpa"), tokenizer)
+    tiny = tiny_model_config(
+        hidden_size=32, intermediate_size=64, max_position_embeddings=40, attention_backend="reference"
+    )
+    model = build_model(tiny, tokenizer)
+    reference = build_model(dataclasses.replace(tiny, attn_implementation="sdpa"), tokenizer)
     reference.load_state_dict(model.state_dict())
     model.train()  # scoring switches to eval mode (no dropout) and back
     choices = [[words(rng, 1, 5) + " §" * rng.randint(0, 2) for _ in range(rng.randint(2, 4))] for _ in range(5)]

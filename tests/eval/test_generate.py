@@ -5,18 +5,18 @@ import logging
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import PreTrainedTokenizerFast
 
 import legalpt.hf
-from legalpt.config import CONF_DIR, GenerationConfig, ModelConfig
+from legalpt.config import GenerationConfig
 from legalpt.eval.generate import generate, generate_with_stats
 from legalpt.model import build_model
 
@@ -36,17 +36,20 @@ def make_tokenizer(eos: str = "</s>") -> PreTrainedTokenizerFast:
     )
 
 
-def make_model(tokenizer: PreTrainedTokenizerFast, **overrides) -> torch.nn.Module:
-    """The `tiny` preset, untied, with matrices drawn wider than at init so that the context (and any padding that
-    leaks into attention) changes which token wins."""
-    preset = OmegaConf.load(CONF_DIR / "model" / "tiny.yaml")
-    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), preset, {"tie_word_embeddings": False, **overrides})
-    model = build_model(OmegaConf.to_object(merged), tokenizer)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.ndim == 2:
-                parameter.normal_(std=0.1)
-    return model.eval()
+@pytest.fixture
+def make_model(tiny_model_config) -> Callable[..., torch.nn.Module]:
+    """A function of a tokenizer and ModelConfig overrides: the `tiny` preset, untied, with matrices drawn wider than
+    at init so that the context (and any padding that leaks into attention) changes which token wins."""
+
+    def make(tokenizer: PreTrainedTokenizerFast, **overrides) -> torch.nn.Module:
+        model = build_model(tiny_model_config(tie_word_embeddings=False, **overrides), tokenizer)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.ndim == 2:
+                    parameter.normal_(std=0.1)
+        return model.eval()
+
+    return make
 
 
 def random_prompt(length: int) -> str:
@@ -93,7 +96,7 @@ def encode(tokenizer, prompt: str) -> list[int]:
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
-def test_greedy_batches_match_a_loop_without_cache_in_prompt_order():
+def test_greedy_batches_match_a_loop_without_cache_in_prompt_order(make_model):
     tokenizer = make_tokenizer()
     model = make_model(tokenizer)
     lengths = [5, 31, 12, 2, 31, 18, 9]  # unsorted, with a tie, so sorting and batching reorder them
@@ -123,7 +126,7 @@ def test_greedy_batches_match_a_loop_without_cache_in_prompt_order():
     assert generate(model, tokenizer, prompts, cfg) == result.texts
 
 
-def test_legalpt_and_sdpa_attention_generate_the_same_tokens():
+def test_legalpt_and_sdpa_attention_generate_the_same_tokens(make_model):
     tokenizer = make_tokenizer()
     model = make_model(tokenizer)
     cfg = GenerationConfig(max_new_tokens=10, batch_size=4)
@@ -150,7 +153,7 @@ def recording(monkeypatch) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]
     return calls
 
 
-def test_prefill_and_every_decode_step_run_legalpt_attention(monkeypatch):
+def test_prefill_and_every_decode_step_run_legalpt_attention(monkeypatch, make_model):
     tokenizer = make_tokenizer()
     model = make_model(tokenizer)
     layers, steps = model.config.num_hidden_layers, 5
@@ -173,7 +176,7 @@ def test_prefill_and_every_decode_step_run_legalpt_attention(monkeypatch):
     assert calls == expected
 
 
-def test_sampling_repeats_with_its_seed_and_leaves_the_global_rng_alone():
+def test_sampling_repeats_with_its_seed_and_leaves_the_global_rng_alone(make_model):
     tokenizer = make_tokenizer()
     model = make_model(tokenizer)
     prompts = [random_prompt(n) for n in (4, 11, 20)]
@@ -191,7 +194,7 @@ def test_sampling_repeats_with_its_seed_and_leaves_the_global_rng_alone():
     assert generate(model, tokenizer, prompts, narrow, seed=5) == greedy
 
 
-def test_long_prompts_keep_their_last_tokens_and_are_counted(caplog):
+def test_long_prompts_keep_their_last_tokens_and_are_counted(caplog, make_model):
     tokenizer = make_tokenizer()
     model = make_model(tokenizer, max_position_embeddings=32)
     cfg = GenerationConfig(max_new_tokens=8, batch_size=2)  # room for 24 prompt tokens
@@ -207,7 +210,7 @@ def test_long_prompts_keep_their_last_tokens_and_are_counted(caplog):
     assert result.texts == tokenizer.batch_decode(expected, skip_special_tokens=True)
 
 
-def test_empty_prompt_list_gives_an_empty_list():
+def test_empty_prompt_list_gives_an_empty_list(make_model):
     tokenizer = make_tokenizer()
     assert generate(make_model(tokenizer), tokenizer, [], GenerationConfig()) == []
 
@@ -227,7 +230,7 @@ def test_empty_prompt_list_gives_an_empty_list():
         (["w1"], GenerationConfig(), {"seed": 1.5}, TypeError, "seed"),
     ],
 )
-def test_bad_arguments_raise_before_generating(prompts, cfg, extra, error, message):
+def test_bad_arguments_raise_before_generating(prompts, cfg, extra, error, message, make_model):
     tokenizer = make_tokenizer()
     with pytest.raises(error, match=message):
         generate(make_model(tokenizer), tokenizer, prompts, cfg, **extra)

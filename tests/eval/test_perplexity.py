@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import random
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -10,19 +11,8 @@ import torch
 from eval_helpers import SPECIALS, VOCAB, make_tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from legalpt.config import ModelConfig
 from legalpt.eval.perplexity import document_perplexity, resolve_window, stride_windows
 from legalpt.model import build_model
-
-TINY = ModelConfig(
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=48,
-    attention_backend="reference",
-)
 
 
 def random_text(rng: random.Random, words: int) -> str:
@@ -31,12 +21,21 @@ def random_text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choices(pool, k=words))
 
 
-def models(tokenizer: PreTrainedTokenizerFast) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """A tiny Llama on legalpt attention, and the same weights on transformers' sdpa as the reference."""
-    model = build_model(TINY, tokenizer)
-    reference = build_model(dataclasses.replace(TINY, attn_implementation="sdpa"), tokenizer)
-    reference.load_state_dict(model.state_dict())
-    return model.eval(), reference.eval()
+@pytest.fixture
+def models(tiny_model_config) -> Callable[[PreTrainedTokenizerFast], tuple[torch.nn.Module, torch.nn.Module]]:
+    """A function of a tokenizer: a tiny Llama on legalpt attention (the preset, narrower, on the reference backend,
+    with 48 positions), and the same weights on transformers' sdpa as the reference."""
+    tiny = tiny_model_config(
+        hidden_size=32, intermediate_size=64, max_position_embeddings=48, attention_backend="reference"
+    )
+
+    def make(tokenizer: PreTrainedTokenizerFast) -> tuple[torch.nn.Module, torch.nn.Module]:
+        model = build_model(tiny, tokenizer)
+        reference = build_model(dataclasses.replace(tiny, attn_implementation="sdpa"), tokenizer)
+        reference.load_state_dict(model.state_dict())
+        return model.eval(), reference.eval()
+
+    return make
 
 
 def token_ids(tokenizer: PreTrainedTokenizerFast, text: str, bos: bool) -> list[int]:
@@ -96,7 +95,7 @@ def test_stride_windows_score_each_token_once_with_the_most_context(rng):
 
 
 @pytest.mark.parametrize("bos", [False, True])
-def test_documents_that_fit_match_one_full_forward(rng, bos):
+def test_documents_that_fit_match_one_full_forward(rng, bos, models):
     tokenizer = make_tokenizer(bos)
     model, reference = models(tokenizer)
     docs = [{"id": f"d{i}", "text": random_text(rng, rng.randint(2, 30)), "kind": "opinion"} for i in range(5)]
@@ -111,7 +110,7 @@ def test_documents_that_fit_match_one_full_forward(rng, bos):
         assert row["bits_per_byte"] == pytest.approx(row["nll"] / math.log(2) / row["bytes"])
 
 
-def test_long_documents_match_the_strided_reference(rng):
+def test_long_documents_match_the_strided_reference(rng, models):
     tokenizer = make_tokenizer(bos=False)
     model, reference = models(tokenizer)
     lengths = [rng.randint(40, 70), 16, rng.randint(17, 30), 5, rng.randint(40, 70)]
@@ -124,7 +123,7 @@ def test_long_documents_match_the_strided_reference(rng):
         assert row["nll"] == pytest.approx(strided_nll(reference, ids, context, stride), rel=1e-4)
 
 
-def test_groups_by_kind_and_over_all(rng):
+def test_groups_by_kind_and_over_all(rng, models):
     tokenizer = make_tokenizer(bos=True)
     model, _ = models(tokenizer)
     kinds = ["contract", "opinion", "other", "opinion", "contract", "opinion"]

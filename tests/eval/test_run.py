@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from legalpt.config import DataConfig, ModelConfig, compose
+from legalpt.config import DataConfig, compose
 from legalpt.data.pipeline import prepare
 from legalpt.eval.run import EvalSet, evaluate
 from legalpt.model import build_model
@@ -27,7 +27,7 @@ FAST = [
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, tiny_model_config):
     """Two tiny checkpoints (different initialisations) saved as run exports, with the demo corpus's tokenizer."""
     root = tmp_path_factory.mktemp("runs")
     cache = root / "cache"
@@ -36,18 +36,7 @@ def runs(tmp_path_factory):
     )
     for name, seed in (("base", 0), ("legal", 1)):
         torch.manual_seed(seed)
-        model = build_model(
-            ModelConfig(
-                arch="llama",
-                hidden_size=64,
-                num_layers=2,
-                num_heads=4,
-                num_kv_heads=2,
-                intermediate_size=128,
-                max_position_embeddings=512,
-            ),
-            data.tokenizer,
-        )
+        model = build_model(tiny_model_config(max_position_embeddings=512), data.tokenizer)
         model.save_pretrained(root / name / "hf")
         data.tokenizer.save_pretrained(root / name / "hf")
     casehold = root / "casehold.csv"

@@ -129,16 +129,15 @@ def test_a_bad_logger_is_named(tmp_path):
 
 
 @pytest.fixture
-def model_and_batches():
+def model_and_batches(tiny_model_config):
     """A one-layer model, a packed batch of one document, and a batch that is all padding (no targets)."""
-    from legalpt.config import ModelConfig
     from legalpt.data.pack import collate_packed
     from legalpt.data.tokenizer import train_bpe
     from legalpt.model import build_model
 
     tokenizer = train_bpe(["the parties agree to the terms of this agreement"] * 20, 300)
-    model = build_model(ModelConfig(arch="llama", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2,
-                                    intermediate_size=64), tokenizer)  # fmt: skip
+    config = tiny_model_config(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = build_model(config, tokenizer)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     real = collate_packed([{"input_ids": [5, 6, 7, eos], "seq_lens": [4], "num_pad": 0}])
     padding = collate_packed([{"input_ids": [eos, pad, pad, pad], "seq_lens": [1, 3], "num_pad": 3}])
