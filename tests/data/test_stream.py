@@ -278,7 +278,7 @@ def test_streaming_memory_benchmark_adds_its_record(tmp_path, rng):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    path = tmp_path / f"data-{datetime.now(timezone.utc):%Y%m%d}.json"
+    path = tmp_path / f"data-cpu{os.cpu_count()}-{datetime.now(timezone.utc):%Y%m%d}.json"  # this machine's record
     path.write_text(json.dumps({"rows": ["kept"]}))  # a record of the same day, written by the throughput mode
     seq_len = rng.choice([128, 256])
     command = [sys.executable, str(root / "scripts" / "bench_data.py"), "--streaming-memory", "--sizes-mb", "0.2",
