@@ -1,12 +1,18 @@
-"""Typed configuration for every legalpt entry point.
+"""Typed configuration for every legalpt entry point: the schema, its checks, and composition.
 
 The dataclasses here are the schema; the YAML files in `conf/` only choose values. They are registered with
 Hydra's ConfigStore as `legalpt_schema`, so an unknown key or a value of the wrong type fails at composition time
-with the key's full name.
+with the key's full name. Ranges and choices are checked by `Config.validate`, which `to_config` runs, so every entry
+point checks the whole config before it builds anything or touches data: a bad value raises `ConfigError`, whose
+message starts with the value's full key (`model.attention_backend: expected one of ..., got 'fa4'`).
+
+This module imports only Hydra and OmegaConf. The two fields whose choices live in heavier registries (legalpt's
+attention backends, transformers' attention functions) import them when checked, after every other field.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,15 +24,62 @@ from omegaconf import DictConfig, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the YAML groups shipped with the repository
 
+# Choices of the enum fields. The modules named beside them act on them and hold the same tuples (kept equal by
+# tests/test_config.py); they are repeated here so that checking a config imports none of those modules.
+ARCHS = ("llama", "mistral", "qwen2")  # model.arch (legalpt.model)
+DTYPES = ("float32", "bfloat16", "float16")  # model.dtype (legalpt.model)
+KINDS = ("contract", "opinion", "statute", "other")  # data.sources.<name>.kind (legalpt.data)
+MIXED_PRECISIONS = ("auto", "bf16", "fp16", "no")  # train.mixed_precision (legalpt.runtime)
+EVAL_TASKS = ("perplexity", "citations", "citation_set", "choice")  # eval.tasks (legalpt.eval)
+CHOICE_FORMATS = ("auto", "casehold", "legalbench")  # eval.choice_format (legalpt.eval)
+LOGGERS = ("wandb", "none")  # logger (legalpt.train)
+MIN_BPE_VOCAB = 256 + 3  # data.vocab_size of a trained BPE: the 256 bytes and three special tokens
+
+
+class ConfigError(ValueError):
+    """A config value outside its range or choices; the message starts with the value's full key."""
+
+
+def _expect(ok: bool, key: str, expected: str, got: object) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: expected {expected}, got {got!r}")
+
+
+def _at_least(low: int, node: object, key: str, *names: str) -> None:
+    """Each integer field `names` of `node`, which sits at `key`, is >= low."""
+    for name in names:
+        _expect(getattr(node, name) >= low, f"{key}.{name}", f"an integer >= {low}", getattr(node, name))
+
+
+def _positive(key: str, value: float) -> None:
+    _expect(math.isfinite(value) and value > 0, key, "a finite number > 0", value)
+
+
+def _one_of(key: str, value: str, choices: Sequence[str]) -> None:
+    _expect(value in choices, key, f"one of {', '.join(choices)}", value)
+
+
+def _validate_attn_implementation(key: str, name: str) -> None:
+    """What transformers' `from_pretrained(attn_implementation=...)` takes once legalpt.hf has registered legalpt's:
+    legalpt, eager, a name in transformers' AttentionInterface, or a hub kernel ("org/repo")."""
+    if name in ("legalpt", "eager"):  # legalpt.hf.NAME and transformers' built-in: no registry to import
+        return
+    from transformers import AttentionInterface
+    from transformers.integrations.hub_kernels import is_kernel
+
+    registered = sorted(AttentionInterface().valid_keys())
+    expected = f"legalpt, eager, one of {', '.join(registered)} or a hub kernel 'org/repo'"
+    _expect(name in registered or is_kernel(name), key, expected, name)
+
 
 @dataclass
 class ModelConfig:
     """A Hugging Face decoder built from these fields, or loaded from `pretrained`."""
 
     arch: str = "llama"  # HF model_type of a new model: llama | mistral | qwen2
-    hidden_size: int = 384  # width of the residual stream
+    hidden_size: int = 384  # width of the residual stream (a multiple of num_heads)
     num_layers: int = 8  # decoder blocks
-    num_heads: int = 6  # query heads
+    num_heads: int = 6  # query heads (a multiple of num_kv_heads)
     num_kv_heads: int = 6  # key/value heads (< num_heads for GQA, 1 for MQA)
     intermediate_size: int = 1024  # width of the MLP
     max_position_embeddings: int = 4096  # longest sequence RoPE is set up for
@@ -34,9 +87,37 @@ class ModelConfig:
     sliding_window: int | None = None  # attention window of mistral/qwen2 models; None = full causal
     tie_word_embeddings: bool = True  # share input embedding and LM head (saves parameters on small models)
     pretrained: str | None = None  # HF folder or hub id; when set, the architecture fields above are ignored
-    attn_implementation: str = "legalpt"  # transformers attention: legalpt | sdpa | eager
-    attention_backend: str = "auto"  # backend behind legalpt attention: auto | reference | sdpa
+    # transformers attention: legalpt | eager | sdpa | flex_attention | flash_attention_2 | ... (any name registered
+    # in transformers' AttentionInterface) | a hub kernel "org/repo"
+    attn_implementation: str = "legalpt"
+    # backend behind legalpt attention: auto (fa3 on Hopper, fa2 on other sm80+ GPUs, else reference) | reference |
+    # fa2 | fa3 | sdpa | flex (legalpt.attention.BACKENDS)
+    attention_backend: str = "auto"
     dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16 (autocast follows train.mixed_precision)
+
+    def validate(self, key: str = "model") -> None:
+        """Raise ConfigError at the first bad field. The architecture is checked only for a new model (a pretrained
+        one brings its own); the attention choices come last, as they import torch and transformers."""
+        _one_of(f"{key}.dtype", self.dtype, DTYPES)
+        if not self.pretrained:
+            self._validate_architecture(key)
+        from legalpt.attention import BACKENDS  # imports torch (no CUDA)
+
+        _one_of(f"{key}.attention_backend", self.attention_backend, BACKENDS)
+        _validate_attn_implementation(f"{key}.attn_implementation", self.attn_implementation)
+
+    def _validate_architecture(self, key: str) -> None:
+        _one_of(f"{key}.arch", self.arch, ARCHS)
+        _at_least(1, self, key, "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                  "max_position_embeddings")  # fmt: skip
+        for whole, part in (("hidden_size", "num_heads"), ("num_heads", "num_kv_heads")):
+            value, divisor = getattr(self, whole), getattr(self, part)
+            _expect(value % divisor == 0, f"{key}.{whole}", f"a multiple of {key}.{part} ({divisor})", value)
+        _positive(f"{key}.rope_theta", self.rope_theta)
+        if self.sliding_window is not None:
+            _expect(self.arch != "llama", f"{key}.sliding_window", f"None for {key}.arch llama (no sliding window)",
+                    self.sliding_window)  # fmt: skip
+            _expect(self.sliding_window >= 1, f"{key}.sliding_window", "None or an integer >= 1", self.sliding_window)
 
 
 @dataclass
@@ -60,8 +141,15 @@ class DedupConfig:
     near: bool = True  # drop near-duplicates found by MinHash LSH
     threshold: float = 0.8  # estimated Jaccard similarity of shingle sets at which two documents are duplicates
     shingle_words: int = 5  # words per shingle
-    num_perm: int = 128  # MinHash permutations
+    num_perm: int = 128  # MinHash permutations (at least 2)
     examples: int = 5  # duplicate pairs listed in the report
+
+    def validate(self, key: str = "data.dedup") -> None:
+        """Raise ConfigError at the first bad field."""
+        _expect(0 < self.threshold <= 1, f"{key}.threshold", "a number in (0, 1]", self.threshold)
+        _at_least(1, self, key, "shingle_words")
+        _at_least(2, self, key, "num_perm")
+        _at_least(0, self, key, "examples")
 
 
 @dataclass
@@ -83,6 +171,16 @@ class SourceConfig:
     streaming: bool = False  # load_dataset(streaming=True): records are fetched only as far as the mixture needs
     max_documents: int = 0  # documents taken from this source at most; 0 = all
 
+    def validate(self, key: str) -> None:
+        """Raise ConfigError at the first bad field; `key` is where the source sits (data.sources.<name>)."""
+        if bool(self.name) == bool(self.paths):
+            raise ConfigError(f"{key}: expected either a dataset `name` or local `paths`, got "
+                              f"{'both' if self.name else 'neither'}")  # fmt: skip
+        _expect(bool(self.text_field), f"{key}.text_field", "a field name", self.text_field)
+        _expect(self.kind is None or self.kind in KINDS, f"{key}.kind", f"one of {', '.join(KINDS)} or None", self.kind)
+        _positive(f"{key}.weight", self.weight)
+        _at_least(0, self, key, "max_documents")
+
 
 @dataclass
 class DataConfig:
@@ -93,12 +191,12 @@ class DataConfig:
     # the command line reaches one by name: data.sources.replay.weight=0.05
     sources: dict[str, SourceConfig] = field(default_factory=dict)
     text_field: str = "text"  # field holding the document text in .jsonl/.json/.parquet records
-    synthetic_documents: int = 160  # number of demo documents generated when `paths` is empty
+    synthetic_documents: int = 160  # demo documents generated when `paths` and `sources` are empty; 0 = no demo
     seed: int = 0  # seed of the demo corpus and of the train/held-out split
-    heldout_fraction: float = 0.05  # share of documents kept out of training for evaluation
-    seq_len: int = 512  # tokens per packed row
+    heldout_fraction: float = 0.05  # share of documents kept out of training for evaluation, in [0, 1)
+    seq_len: int = 512  # tokens per packed row (at least 2)
     tokenizer: str | None = None  # HF folder or hub id; None = model.pretrained's tokenizer, else train a BPE
-    vocab_size: int = 8192  # size of the byte-level BPE trained on the corpus
+    vocab_size: int = 8192  # size of the byte-level BPE trained on the corpus (at least 259)
     extend_tokenizer: bool = False  # add legal tokens (reporter abbreviations, frequent corpus words) to the tokenizer
     extra_tokens: int = 1024  # most tokens extend_tokenizer adds: reporters first, then words, by tokens saved
     compare_tokenizers: list[str] = field(default_factory=list)  # more HF tokenizers whose tokens/byte the report lists
@@ -110,8 +208,28 @@ class DataConfig:
     num_proc: int = 1  # worker processes for cleaning, dedup signatures and tokenization
     streaming: bool = False  # train on paths and sources read, cleaned, tokenized, packed on the fly (no dedup)
     stream_heldout_rows: int = 64  # streaming: held-out rows taken from the start of the held-out stream for eval
-    clean: CleanConfig = field(default_factory=CleanConfig)
-    dedup: DedupConfig = field(default_factory=DedupConfig)
+    clean: CleanConfig = field(default_factory=CleanConfig)  # cleaning steps (data.clean.*)
+    dedup: DedupConfig = field(default_factory=DedupConfig)  # duplicate removal (data.dedup.*)
+
+    def validate(self, key: str = "data", trains_bpe: bool = True) -> None:
+        """Raise ConfigError at the first bad field; `trains_bpe`: no tokenizer is given (here or by the model)."""
+        _expect(bool(self.text_field), f"{key}.text_field", "a field name", self.text_field)
+        if not (self.paths or self.sources):  # the demo corpus, unless synthetic_documents=0 turned it off
+            off = f"documents to read ({key}.synthetic_documents=0 turns the demo corpus off)"
+            _expect(self.synthetic_documents != 0, f"{key}.paths", off, self.paths)
+            _at_least(1, self, key, "synthetic_documents")
+        _expect(0 <= self.heldout_fraction < 1, f"{key}.heldout_fraction", "a number in [0, 1)", self.heldout_fraction)
+        _at_least(2, self, key, "seq_len")
+        if trains_bpe and not self.tokenizer:
+            _at_least(MIN_BPE_VOCAB, self, key, "vocab_size")
+        _at_least(1 if self.extend_tokenizer else 0, self, key, "extra_tokens")
+        _expect(0 <= self.chunk_overlap < self.seq_len, f"{key}.chunk_overlap",
+                f"an integer in [0, {key}.seq_len = {self.seq_len})", self.chunk_overlap)  # fmt: skip
+        _at_least(1, self, key, "num_proc")
+        _at_least(0, self, key, "stream_heldout_rows")
+        self.dedup.validate(f"{key}.dedup")
+        for name, source in self.sources.items():
+            source.validate(f"{key}.sources.{name}")
 
 
 @dataclass
@@ -123,10 +241,10 @@ class TrainConfig:
     batch_size: int = 8  # packed rows per micro-batch per process
     grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 3e-3  # peak learning rate
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio, in [0, 1]
     warmup_steps: int = 10  # linear warmup from 0 to lr
     weight_decay: float = 0.1  # AdamW decay on matrices (not on norms and biases)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas, each in [0, 1)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     mixed_precision: str = "auto"  # auto (bf16 where the GPU supports it) | bf16 | fp16 | no
     eval_every: int = 20  # steps between held-out evaluations (also at step 0 and at the end)
@@ -137,6 +255,21 @@ class TrainConfig:
     log_every: int = 10  # steps between logged metrics
     seed: int = 0  # seed of initialisation and data order
 
+    def validate(self, key: str = "train") -> None:
+        """Raise ConfigError at the first bad field."""
+        _expect(bool(self.output_dir), f"{key}.output_dir", "a folder", self.output_dir)
+        _at_least(1, self, key, "steps", "batch_size", "grad_accum", "eval_every", "save_every", "log_every",
+                  "keep_checkpoints")  # fmt: skip
+        _at_least(0, self, key, "warmup_steps", "eval_batches")
+        _positive(f"{key}.lr", self.lr)
+        _expect(0 <= self.min_lr_ratio <= 1, f"{key}.min_lr_ratio", "a number in [0, 1]", self.min_lr_ratio)
+        _expect(self.weight_decay >= 0, f"{key}.weight_decay", "a number >= 0", self.weight_decay)
+        betas = list(self.betas)
+        _expect(len(betas) == 2 and all(0 <= b < 1 for b in betas), f"{key}.betas", "two numbers in [0, 1)", betas)
+        _expect(self.grad_clip >= 0, f"{key}.grad_clip", "a number >= 0 (0 = off)", self.grad_clip)
+        _one_of(f"{key}.mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
+        _expect(bool(self.resume), f"{key}.resume", "auto, none or a checkpoint folder", self.resume)
+
 
 @dataclass
 class GenerationConfig:
@@ -144,9 +277,16 @@ class GenerationConfig:
 
     max_new_tokens: int = 24  # tokens generated per prompt
     do_sample: bool = False  # False = greedy
-    temperature: float = 1.0  # sampling temperature (with do_sample)
-    top_p: float = 1.0  # nucleus sampling mass (with do_sample)
+    temperature: float = 1.0  # sampling temperature (with do_sample), > 0
+    top_p: float = 1.0  # nucleus sampling mass (with do_sample), in (0, 1]
     batch_size: int = 16  # prompts per generate() call
+
+    def validate(self, key: str = "eval.generation") -> None:
+        """Raise ConfigError at the first bad field; temperature and top_p only matter when sampling."""
+        _at_least(1, self, key, "max_new_tokens", "batch_size")
+        if self.do_sample:
+            _positive(f"{key}.temperature", self.temperature)
+            _expect(0 < self.top_p <= 1, f"{key}.top_p", "a number in (0, 1]", self.top_p)
 
 
 @dataclass
@@ -159,6 +299,11 @@ class CitationEvalConfig:
     set_prompt_tokens: int = 512  # prompt length of each continued opinion
     set_new_tokens: int = 256  # tokens generated (and compared with the real continuation of the same length)
 
+    def validate(self, key: str = "eval.citations") -> None:
+        """Raise ConfigError at the first bad field."""
+        _at_least(1, self, key, "prompt_tokens", "set_prompt_tokens", "set_new_tokens")
+        _at_least(0, self, key, "max_items", "set_documents")
+
 
 @dataclass
 class EvalConfig:
@@ -168,33 +313,58 @@ class EvalConfig:
     compare: str | None = None  # a second checkpoint evaluated on the same items (e.g. base vs legal continuation)
     runs_dir: str = "runs"  # where `checkpoint=None` looks for the newest run
     output_dir: str | None = None  # report folder; None = <checkpoint>/eval (./eval for a hub id)
-    tasks: list[str] = field(
-        default_factory=lambda: ["perplexity", "citations", "citation_set", "choice"]
-    )  # choice runs only when choice_data is set
+    # any of perplexity | citations | citation_set | choice; choice runs only when choice_data is set
+    tasks: list[str] = field(default_factory=lambda: list(EVAL_TASKS))
     batch_size: int = 4  # sequences per forward pass for perplexity and multiple choice
     max_documents: int = 0  # held-out documents used (perplexity, citation items); 0 = all
-    perplexity_context: int = 0  # tokens per window; 0 = the model's max_position_embeddings
-    perplexity_stride: int = 0  # new tokens scored per window past the first; 0 = half the context
-    citations: CitationEvalConfig = field(default_factory=CitationEvalConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    perplexity_context: int = 0  # tokens per window (at least 2); 0 = the model's max_position_embeddings
+    perplexity_stride: int = 0  # new tokens scored per window past the first (< the context); 0 = half the context
+    citations: CitationEvalConfig = field(default_factory=CitationEvalConfig)  # citation tasks (eval.citations.*)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)  # decoding (eval.generation.*)
     choice_data: str | None = None  # CaseHOLD or LegalBench-style data: .csv/.tsv/.jsonl file or hub dataset name
     choice_format: str = "auto"  # auto | casehold | legalbench
     choice_split: str = "test"  # split of a hub dataset
     eval_set: str | None = None  # eval_set.jsonl written by an earlier run: reuse its prompts and gold citations
-    bootstrap: int = 1000  # bootstrap resamples (over documents) for confidence intervals
+    bootstrap: int = 1000  # bootstrap resamples (over documents) for confidence intervals; 0 = no intervals
     seed: int = 0  # seed of item sampling, bootstrap and sampled generation
+
+    def validate(self, key: str = "eval") -> None:
+        """Raise ConfigError at the first bad field."""
+        unknown = [task for task in self.tasks if task not in EVAL_TASKS]
+        _expect(not unknown, f"{key}.tasks", f"a subset of {', '.join(EVAL_TASKS)}", list(self.tasks))
+        _at_least(1, self, key, "batch_size")
+        _at_least(0, self, key, "max_documents", "bootstrap")
+        context, stride = self.perplexity_context, self.perplexity_stride
+        _expect(context == 0 or context >= 2, f"{key}.perplexity_context", "0 or an integer >= 2", context)
+        if context:
+            _expect(0 <= stride < context, f"{key}.perplexity_stride",
+                    f"an integer in [0, {key}.perplexity_context = {context})", stride)  # fmt: skip
+        else:
+            _at_least(0, self, key, "perplexity_stride")
+        _one_of(f"{key}.choice_format", self.choice_format, CHOICE_FORMATS)
+        self.citations.validate(f"{key}.citations")
+        self.generation.validate(f"{key}.generation")
 
 
 @dataclass
 class Config:
     """Root of every legalpt config."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the network (model.*; presets in conf/model/)
+    data: DataConfig = field(default_factory=DataConfig)  # corpus, tokenizer and packing (data.*; conf/data/)
+    train: TrainConfig = field(default_factory=TrainConfig)  # the loop (train.*; conf/train/)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # legalpt-eval (eval.*; conf/eval/)
     logger: str = "wandb"  # wandb (offline unless WANDB_API_KEY is set) | none
     project: str = "legalpt"  # wandb project name
+
+    def validate(self) -> None:
+        """Raise ConfigError at the first bad field. The model comes last: its attention choices import torch and
+        transformers, so that a bad value elsewhere fails at once."""
+        self.data.validate("data", trains_bpe=not self.model.pretrained)
+        self.train.validate("train")
+        self.eval.validate("eval")
+        _one_of("logger", self.logger, LOGGERS)
+        self.model.validate("model")
 
 
 ConfigStore.instance().store(name="legalpt_schema", node=Config)
@@ -207,7 +377,7 @@ def compose(command: str = "train", overrides: Sequence[str] = ()) -> DictConfig
 
 
 def to_config(cfg: DictConfig | Config) -> Config:
-    """Resolve interpolations and return the typed `Config` (accepts one already typed)."""
-    if isinstance(cfg, Config):
-        return cfg
-    return OmegaConf.to_object(cfg)
+    """Resolve interpolations and return the typed `Config` (accepts one already typed), checked by `validate`."""
+    config = cfg if isinstance(cfg, Config) else OmegaConf.to_object(cfg)
+    config.validate()
+    return config
