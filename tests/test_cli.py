@@ -42,6 +42,24 @@ def test_wrong_type_is_named(tmp_path):
     assert "train.steps" in result.stderr and "many" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("command", "override", "message"),
+    [
+        ("train", "model.attention_backend=fa4",
+         "model.attention_backend: expected one of auto, reference, fa2, fa3, sdpa, flex, got 'fa4'"),
+        ("prepare", "data=files",
+         "data.paths: expected documents to read (data.synthetic_documents=0 turns the demo corpus off), got []"),
+        ("eval", "eval.tasks=[rouge]",
+         "eval.tasks: expected a subset of perplexity, citations, citation_set, choice, got ['rouge']"),
+    ],
+)  # fmt: skip
+def test_a_bad_value_stops_with_one_line_and_no_run_folder(tmp_path, command, override, message):
+    result = run_cli(command, override, cwd=tmp_path)
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [message] and result.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # nothing written: train's run folder (runs/<time>) was never made
+
+
 def test_missing_file_is_named(tmp_path):
     missing = tmp_path / "no such folder" / "contracts.jsonl"
     result = run_cli("prepare", f"data.paths=['{missing}']", f"data.cache_dir={tmp_path}")
