@@ -84,18 +84,27 @@ def _sdpa(x: Inputs, backend: SDPBackend) -> Runner:
 
 def _flex(x: Inputs) -> Runner:
     """FlexAttention with the shape's mask, through legalpt's flex backend called directly: the public API would add
-    its argument checks, and for varlen a host sync on cu_seqlens, to the baseline's time. The one use of legalpt
-    internals here: `legalpt.attention.backends.get("flex")` and its `attention(AttentionBatch) -> (out, lse)`."""
-    from legalpt.attention.backends import AttentionBatch, get  # the flex backend's imports: only when it runs
-
+    its argument checks, and for varlen a host sync on cu_seqlens, to the baseline's time."""
     shape = x.shape
     max_len = max(shape.doc_lens, default=shape.seqlen)
     q, k, v = x.q, x.k, x.v
     if q.device.type != "cuda":  # FlexAttention has no backward on the CPU and refuses inputs that need one
         q, k, v = q.detach(), k.detach(), v.detach()
-    batch = AttentionBatch(q, k, v, x.cu_seqlens, x.cu_seqlens, max_len, max_len, shape.spec, shape.head_dim**-0.5)
-    flex = get("flex")
-    return lambda: flex.attention(batch)[0]
+    return _flex_backend(q, k, v, x.cu_seqlens, max_len, shape.spec, shape.head_dim**-0.5)
+
+
+def _flex_backend(q: Tensor, k: Tensor, v: Tensor, cu: Tensor | None, max_len: int, spec, scale: float) -> Runner:
+    """The one use of legalpt internals: `legalpt.attention.backends.get("flex").attention(AttentionBatch)`, or in a
+    tree from before that contract (an A/B of an older commit), `legalpt.attention.flex.attention` with the batch as
+    loose arguments. Imported only when flex runs: its imports cost a quarter second."""
+    try:
+        from legalpt.attention.backends import AttentionBatch, get
+    except ImportError:
+        from legalpt.attention import flex
+
+        return lambda: flex.attention(q, k, v, cu, cu, max_len, max_len, spec, scale, 0.0, False)[0]
+    backend, batch = get("flex"), AttentionBatch(q, k, v, cu, cu, max_len, max_len, spec, scale)
+    return lambda: backend.attention(batch)[0]
 
 
 def shape_modes(shape: Shape, modes: tuple[str, ...]) -> tuple[str, ...]:
