@@ -1,6 +1,9 @@
-"""Render docs/performance.md from the JSON records in bench/results/ (figures are never typed by hand).
+"""Render docs/performance.md from the current records in bench/results/ (figures are never typed by hand).
 
-python scripts/performance_table.py
+There is one record per benchmark and GPU (scripts/benchmarking/record.py writes them); each header names the GPU,
+versions, commit, date and command, and every table here says which record it comes from.
+
+    python scripts/performance_table.py
 """
 
 from __future__ import annotations
@@ -10,40 +13,66 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+OUT = ROOT / "docs" / "performance.md"
+SDPA = ("sdpa-flash", "sdpa-cudnn")  # the attention baselines that run dense and causal masks natively
+# the headline's shapes against FlexAttention: (mask, seqlen)
+FLEX_HEADLINE = (
+    ("window-1024", 65536),
+    ("global64+window-1024", 65536),
+    ("window-4096", 65536),
+    ("varlen-causal", 16384),
+)
+
+
+def records(benchmark: str) -> list[tuple[Path, dict]]:
+    """The records of `benchmark` (one per GPU), by file name."""
+    return [(path, json.loads(path.read_text())) for path in sorted(RESULTS.glob(f"{benchmark}-*.json"))]
+
+
+def provenance(head: dict, path: Path) -> str:
+    """What a record's figures belong to: GPU, versions, commit, date, the record's file, a note if it has one."""
+    names = {"torch": "torch", "cuda": "CUDA", "transformers": "transformers", "legalpt": "legalpt"}
+    versions = ", ".join(f"{name} {head[key]}" for key, name in names.items() if head.get(key))
+    note = f" {head['note'][0].upper()}{head['note'][1:]}." if head.get("note") else ""
+    return f"{head['gpu']}; {versions}; commit {head['commit']}, {head['date'][:10]} (`{path.name}`).{note}"
+
+
+def commands(head: dict) -> list[str]:
+    """The command lines that measured a record (several where a run was split over processes)."""
+    return ["```bash", *head.get("parts", [head["command"]]), "```", ""]
 
 
 def default_runs() -> list[str]:
     lines = [
         "## Default job (`legalpt-train`, then `legalpt-eval` on its checkpoint)",
         "",
-        "Cold cache: corpus, tokenizer and packing are built inside the measured time.",
+        "Cold data cache: corpus, tokenizer and packing are built inside the measured time.",
         "",
-        "| device | torch | commit | train wall | eval loss first → final | ratio | train tok/s | eval wall | record |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| device | train wall | eval loss first → final | ratio | train tok/s | eval wall | bits per byte |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for path in sorted(RESULTS.glob("default-run-*.json")):
-        r = json.loads(path.read_text())
-        eval_wall = f"{r['eval_wall_s'] / 60:.1f} min" if "eval_wall_s" in r else "–"
+    found = records("default-run")
+    for _, r in found:
         lines.append(
-            f"| {r['device']} ({r['cores']} cores) | {r['torch']} | {r['commit']} | {r['wall_s'] / 60:.1f} min | "
+            f"| {r['header']['gpu']} ({r['cores']} cores) | {r['wall_s'] / 60:.1f} min | "
             f"{r['first_eval_loss']:.3f} → {r['final_eval_loss']:.3f} | {r['final_over_first']:.2f}× | "
-            f"{r['median_train_tokens_per_s']:,.0f} | {eval_wall} | `{path.name}` |"
+            f"{r['median_train_tokens_per_s']:,.0f} | {r['eval_wall_s'] / 60:.1f} min | {r['eval_bits_per_byte']:.3f} |"
         )
-    return lines
+    for path, r in found:
+        lines += ["", f"{provenance(r['header'], path)}", "", *commands(r["header"])[:-1]]
+    return [*lines, ""]
 
 
 def generation() -> list[str]:
     lines = ["## Generation throughput (citation prompts, KV cache)", ""]
-    for path in sorted(RESULTS.glob("generate-*.json")):
-        record = json.loads(path.read_text())
+    for path, record in records("generate"):
         h = record["header"]
         lines += [
-            f"{h['gpu']}, torch {h['torch']}, transformers {h['transformers']}, commit {h['commit']}, "
-            f"{h['date'][:10]}: "
-            f"preset `{h['preset']}` ({h['parameters'] / 1e9:.2f}B parameters, vocab {h['vocab_size']:,}), "
-            f"{h['dtype']}, {h['prompt_tokens']}-token prompts, {h['max_new_tokens']} new tokens each; "
-            f"legalpt backend `{h['legalpt_backend']}`. Command: `{h['command']}` (`{path.name}`).",
+            f"Preset `{h['preset']}` ({h['parameters'] / 1e9:.2f}B parameters, vocab {h['vocab_size']:,}), "
+            f"{h['dtype']}, {h['prompt_tokens']}-token prompts, {h['max_new_tokens']} new tokens each; legalpt "
+            f"backend `{h['legalpt_backend']}`. {provenance(h, path)}",
             "",
+            *commands(h),
             "| attention | batch | prompts/s | new tokens/s | ours / sdpa |",
             "|---|---|---|---|---|",
         ]
@@ -59,17 +88,15 @@ def generation() -> list[str]:
 
 def data_preparation() -> list[str]:
     lines = ["## Data preparation throughput (`scripts/bench_data.py`, same input and tokenizer)", ""]
-    for path in sorted(RESULTS.glob("data-*.json")):
-        record = json.loads(path.read_text())
+    for path, record in records("data"):
         h = record["header"]
-        corpus = h["corpus"]
+        corpus, settings = h["corpus"], h["settings"]
         lines += [
-            f"{h['machine']['cpu_count']} CPU cores, datasets {h['datasets']}, tokenizers {h['tokenizers']}, "
-            f"commit {h['commit']}, {h['date'][:10]}: {corpus['documents']} {corpus['source']} documents, "
-            f"{corpus['raw_bytes'] / 1e6:.1f} MB, seq_len {h['settings']['seq_len']}, num_proc "
-            f"{h['settings']['num_proc']}; median of {h['settings']['repeats']}. Command: `{h['command']}` "
-            f"(`{path.name}`).",
+            f"{corpus['documents']} {corpus['source']} documents, {corpus['raw_bytes'] / 1e6:.1f} MB, seq_len "
+            f"{settings['seq_len']}, num_proc {settings['num_proc']}; median of {settings['repeats']}; datasets "
+            f"{h['datasets']}, tokenizers {h['tokenizers']}. {provenance(h, path)}",
             "",
+            *commands(h),
             "| variant | median s | MB/s | time / baseline | target |",
             "|---|---|---|---|---|",
         ]
@@ -81,18 +108,19 @@ def data_preparation() -> list[str]:
             )
         lines.append("")
         if "streaming_memory" in record:
-            lines += _streaming_memory(record["streaming_memory"], path.name)
+            lines += streaming_memory(record["streaming_memory"])
     return lines
 
 
-def _streaming_memory(part: dict, name: str) -> list[str]:
+def streaming_memory(part: dict) -> list[str]:
     """Peak memory of streaming prepare as the input grows (the `streaming_memory` part of a data record)."""
     h = part["header"]
     lines = [
-        f"Streaming prepare, peak memory (a fresh process per size): commit {h['commit']}, {h['date'][:10]}, "
-        f"seq_len {h['settings']['seq_len']}. Command: `{h['command']}` (`{name}`). Largest over smallest peak: "
-        f"{part['peak_ratio']:.3f}× (target ≤ {part['target_ratio']}×).",
+        f"Streaming prepare, peak memory (a fresh process per size), seq_len {h['settings']['seq_len']}; commit "
+        f"{h['commit']}, {h['date'][:10]}. Largest over smallest peak: {part['peak_ratio']:.3f}× (target ≤ "
+        f"{part['target_ratio']}×).",
         "",
+        *commands(h),
         "| input MB | documents | rows | seconds | MB/s | peak RSS MiB | RSS after imports MiB |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -105,49 +133,106 @@ def _streaming_memory(part: dict, name: str) -> list[str]:
 
 
 def attention() -> list[str]:
-    """Every GPU record of scripts/bench_attention.py, newest first: its ratio table and plot."""
-    records = [json.loads(path.read_text()) | {"path": path} for path in RESULTS.glob("attention-*.json")]
-    records = sorted((r for r in records if r["header"]["device"] == "cuda"), key=lambda r: r["header"]["date"])
-    if not records:
-        return []
-    lines = ["## Attention kernels (`scripts/bench_attention.py`)", ""]
-    for record in reversed(records):
-        lines += _attention_record(record)
+    """Each GPU's attention record: the headline ranges, then every shape against SDPA and against FlexAttention."""
+    lines = []
+    for path, record in records("attention"):
+        h, table = record["header"], record["ratios"]
+        if h.get("device") != "cuda" or not table:
+            continue
+        tflops = {_key(r): r["tflops"] for r in record["rows"] if r["impl"] == table[0]["ours"] and r["ms"]}
+        lines += [
+            f"## Attention kernels on the {h['gpu']} (`scripts/bench_attention.py`)",
+            "",
+            f"{h['dtype']}, {h['timing']}. {provenance(h, path)}",
+            "",
+            *commands(h),
+            "Ratios are times faster than the other implementation (its ms over ours), on the same inputs in the same "
+            "process; peak memory is our forward+backward peak over SDPA flash's.",
+            "",
+            *headline(table),
+            *against_sdpa(table, tflops),
+            *against_flex(table, tflops),
+        ]
+        plot = path.with_suffix(".png")
+        if plot.exists():
+            lines += [f"![TFLOP/s against seqlen, one line per implementation](../bench/results/{plot.name})", ""]
     return lines
 
 
-def _attention_record(record: dict) -> list[str]:
-    h, path, table = record["header"], record["path"], record["ratios"]
-    code = h.get("code", f"commit {h['commit']}")  # a note where the measured code differs from the commit
-    if h.get("complete") is False:  # written after each shape: a run cut off by a time limit keeps what it measured
-        code += " (cut off before its last shape)"
-    ours = table[0]["ours"] if table else "fa2"
-    theirs = ("sdpa-flash", "sdpa-cudnn", "flex")
+def headline(table: list[dict]) -> list[str]:
+    """Per comparison and head dim, the range of ratios over the shapes measured: the summary the README quotes."""
+    ours = table[0]["ours"]
+    head_dims = sorted({e["head_dim"] for e in table}, reverse=True)
+    modes = ("fwd", "fwd+bwd")
     lines = [
-        f"### `{path.name}`",
+        "### Headline",
         "",
-        f"{h['gpu']}, torch {h['torch']}, CUDA {h['cuda']}, cuDNN {h['cudnn']}, {code}, "
-        f"{h['date'][:16].replace('T', ' ')} UTC, {h['dtype']}; {h['timing']}. Ratios are times faster than the "
-        f"other implementation (its ms / ours); memory is our fwd+bwd peak over sdpa-flash's. "
-        f"Command: `{'` + `'.join(h.get('parts', [h['command']]))}`.",
+        f"| {ours} against | shapes | head dim | {' | '.join(modes)} |",
+        "|---|---|---|---|---|",
+    ]
+    for theirs in SDPA:
+        for d in head_dims:
+            sweep = [e for e in table if e["group"] == "sweep" and e["head_dim"] == d]
+            cells = [_range(e[f"vs_{theirs}"] for e in sweep if e["mode"] == m) for m in modes]
+            lines.append(f"| {theirs} | dense and causal, 1k–16k tokens | {d} | {' | '.join(cells)} |")
+    for mask, seqlen in FLEX_HEADLINE:
+        for d in head_dims:
+            rows = [e for e in table if (e["mask"], e["seqlen_q"], e["head_dim"]) == (mask, seqlen, d)]
+            cells = [_range(e["vs_flex"] for e in rows if e["mode"] == m) for m in modes]
+            lines.append(f"| flex | {mask}, {seqlen // 1024}k tokens | {d} | {' | '.join(cells)} |")
+    return [*lines, ""]
+
+
+def against_sdpa(table: list[dict], tflops: dict) -> list[str]:
+    ours = table[0]["ours"]
+    lines = [
+        "### Dense and causal, against SDPA's flash and cuDNN backends",
         "",
-        f"| mask | head dim | seqlen | batch × heads | mode | {ours} ms | "
-        + " | ".join(f"{ours} / {t}" for t in theirs)
+        f"| mask | head dim | seqlen | batch × heads | mode | {ours} ms | {ours} TFLOP/s | "
+        + " | ".join(f"/ {t}" for t in SDPA)
         + " | peak memory / sdpa-flash |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in table:
-        cells = " | ".join(_times(e[f"vs_{t}"]) for t in theirs)
-        lines.append(
-            f"| {e['mask']} | {e['head_dim']} | {e['seqlen_q']:,} | {e['batch']} × {e['heads']} | {e['mode']} | "
-            f"{e['ours_ms']:.3f} | {cells} | {_times(e['peak_vs_sdpa-flash'])} |"
-        )
-    if not table:
-        lines.append(f"| no measured row of {ours} in this record |  |  |  |  |  |  |  |  |  |")
-    plot = path.with_suffix(".png")
-    if plot.exists():
-        lines += ["", f"![TFLOP/s against seqlen, one line per implementation](../bench/results/{plot.name})"]
+        if any(e[f"vs_{t}"] is not None for t in SDPA):
+            cells = " | ".join(_times(e[f"vs_{t}"]) for t in SDPA)
+            lines.append(f"{_shape(e, tflops)} {cells} | {_times(e['peak_vs_sdpa-flash'])} |")
     return [*lines, ""]
+
+
+def against_flex(table: list[dict], tflops: dict) -> list[str]:
+    ours = table[0]["ours"]
+    lines = [
+        "### Sliding windows, global tokens and packed documents, against FlexAttention",
+        "",
+        f"| mask | head dim | seqlen | batch × heads | mode | {ours} ms | {ours} TFLOP/s | / flex |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for e in table:
+        if e["vs_flex"] is not None:
+            lines.append(f"{_shape(e, tflops)} {_times(e['vs_flex'])} |")
+    return [*lines, ""]
+
+
+def _shape(e: dict, tflops: dict) -> str:
+    """A ratio table's leading cells: the shape, the mode, our time and throughput."""
+    rate = tflops.get(_key(e))
+    return (
+        f"| {e['mask']} | {e['head_dim']} | {e['seqlen_q']:,} | {e['batch']} × {e['heads']} | {e['mode']} | "
+        f"{e['ours_ms']:.3f} | {'–' if rate is None else f'{rate:.0f}'} |"
+    )
+
+
+def _key(e: dict) -> tuple:
+    return e["group"], e["mask"], e["head_dim"], e["seqlen_q"], e["batch"], e["heads"], e["mode"]
+
+
+def _range(values) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    low, high = min(values), max(values)
+    return f"{low:.2f}×" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}–{high:.2f}×"
 
 
 def _times(x: float | None) -> str:
@@ -158,21 +243,16 @@ def main() -> None:
     text = [
         "# Performance",
         "",
-        "Generated by `scripts/performance_table.py` from `bench/results/`; each record holds its command, versions",
-        "and commit. Since commit 09ab86d, legalpt attention's `auto` backend runs our FA2 CUDA kernels on sm80+ GPUs",
-        "(bf16/fp16; since 10212ec, our FA3 kernels on Hopper) and the pure-PyTorch reference elsewhere; GPU records",
-        "of earlier commits ran the reference.",
+        "The current figures, generated by `scripts/performance_table.py` from the records in `bench/results/` (one",
+        "per benchmark and GPU; each names its GPU, versions, commit, date and command). Earlier records are in git.",
         "",
+        *attention(),
         *default_runs(),
-        "",
         *generation(),
         *data_preparation(),
-        *attention(),
     ]
-    out = ROOT / "docs" / "performance.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text("\n".join(text).rstrip() + "\n")
-    print(out.read_text())
+    OUT.write_text("\n".join(text).rstrip() + "\n")
+    print(f"wrote {OUT} ({OUT.stat().st_size:,} bytes)")
 
 
 if __name__ == "__main__":
