@@ -8,7 +8,7 @@
 // Each CUDA thread of a block is a fiber (ucontext) on one OS thread. __syncthreads and the warp-collective
 // instructions (ldmatrix, mma.sync, shuffles) are barriers between fibers; the collectives exchange their operands
 // through per-warp scratch between two warp barriers, exactly as the hardware distributes fragments over lanes.
-// wgmma (csrc/fa3/wgmma.cuh) does the same over a warpgroup, and runs at its issue (the wait is then a no-op).
+// wgmma (csrc/sm90/wgmma.cuh) does the same over a warpgroup, and runs at its issue (the wait is then a no-op).
 // Blocks run one after another.
 #pragma once
 
@@ -109,7 +109,7 @@ struct Copy {
   int bytes;
 };
 
-// An mbarrier (csrc/fa3/tma.cuh): a phase completes once `count` arrivals came and the copies brought every byte
+// An mbarrier (csrc/sm90/tma.cuh): a phase completes once `count` arrivals came and the copies brought every byte
 // the arrivals armed (expect_tx); the waiters then wake. A barrier of TMA copies has one arrival per phase, the
 // issuing thread's; one that frees a buffer has the consumers' arrivals and no bytes. The copies land when a
 // thread's wait for the phase returns; until then their destinations hold all-ones bytes, as cp.async's do, so that

@@ -9,6 +9,8 @@
 #include <climits>
 #include <cstdint>
 
+#include "ptx.cuh"  // __device__ and the rest, also in the CPU emulation
+
 namespace legalpt {
 
 struct MaskParams {

@@ -6,12 +6,10 @@ rule and how they combine. Every argument is checked before any compute, and a b
 for a wrong type) naming it. What flash-attn offers and legalpt does not (dropout, ALiBi, a paged KV cache) raises
 instead of being ignored.
 
-Backend: the `backend=` argument, else the environment variable LEGALPT_ATTN_BACKEND, else `set_backend()`, else
-"auto". "fa2" is our FlashAttention-2 CUDA kernels (sm80+, bf16/fp16); "fa3" our Hopper kernels on wgmma (sm90;
-head dims padded to 64 and 128, fa2's kernels at the others: fa3.py); "reference" the blockwise PyTorch
-implementation (any device and dtype); both serve the custom ops. For comparison: "sdpa" is torch's
-scaled_dot_product_attention with a dense mask, "flex" PyTorch FlexAttention with the same mask (compiled on CUDA).
-"auto" runs fa3 on Hopper, fa2 where it can run elsewhere, and the reference where neither can, and logs why once.
+Backend (backends/): the `backend=` argument, else the environment variable LEGALPT_ATTN_BACKEND, else
+`set_backend()`, else "auto". Every call becomes one `AttentionBatch`, which the chosen backend checks and runs.
+"auto" runs fa3 on Hopper, fa2 where it can run elsewhere, and the reference where neither can, and says why once
+(a WARNING when the inputs are on a GPU).
 """
 
 from __future__ import annotations
@@ -19,13 +17,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from legalpt.attention import fa2, fa3, kernels, ops, sdpa
+from legalpt.attention import backends
+from legalpt.attention.backends import AttentionBatch, Backend
 from legalpt.attention.masks import Documents, MaskSpec
 
 log = logging.getLogger(__name__)
@@ -35,26 +33,7 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _auto_reasons_logged: set[str] = set()
 
 
-def _run_sdpa(*args) -> tuple[Tensor, None]:
-    return sdpa.attention(*args), None
-
-
-def _run_flex(*args) -> tuple[Tensor, Tensor]:
-    from legalpt.attention import flex  # FlexAttention's imports cost a quarter second: only when asked for
-
-    return flex.attention(*args)
-
-
-# name -> run(q, k, v, cu_q, cu_k, max_q, max_k, spec, scale, softcap, deterministic) -> (out, lse or None)
-_BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
-    "reference": partial(ops.attention, backend="reference"),
-    "fa2": partial(ops.attention, backend="fa2"),
-    "fa3": partial(ops.attention, backend="fa3"),
-    "sdpa": _run_sdpa,
-    "flex": _run_flex,
-}
-_WITHOUT_LSE = {"sdpa"}  # backends that cannot serve return_attn_probs=True
-BACKENDS = ("auto", *_BACKENDS)
+BACKENDS = ("auto", *backends.NAMES)
 _default_backend = "auto"
 
 
@@ -105,8 +84,8 @@ def flash_attn_func(
         q, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
         global_tokens, dilation, block_layout, block_size, seqlen_q, seqlen_k, q.shape[0],
     )  # fmt: skip
-    run = _BACKENDS[_resolve_backend(backend, return_attn_probs, q)]
-    out, lse = run(q, k, v, None, None, seqlen_q, seqlen_k, spec, scale, softcap, deterministic)
+    batch = AttentionBatch(q, k, v, None, None, seqlen_q, seqlen_k, spec, scale, softcap, deterministic)
+    out, lse = _resolve_backend(backend, return_attn_probs, batch).attention(batch)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -152,44 +131,46 @@ def flash_attn_varlen_func(
     )  # fmt: skip
     if not torch.compiler.is_compiling():  # the values need a host sync; under compile the op checks them itself
         Documents.from_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    run = _BACKENDS[_resolve_backend(backend, return_attn_probs, q)]
-    out, lse = run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, scale, softcap, deterministic)
+    batch = AttentionBatch(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, scale, softcap, deterministic
+    )
+    out, lse = _resolve_backend(backend, return_attn_probs, batch).attention(batch)
     return (out, lse, None) if return_attn_probs else out
 
 
-def _resolve_backend(backend: str | None, need_lse: bool, q: Tensor) -> str:
-    """The backend to run: argument > environment variable > set_backend(); "auto" resolved; fa2 and fa3 checked."""
+def _resolve_backend(backend: str | None, need_lse: bool, batch: AttentionBatch) -> Backend:
+    """The backend to run: argument > environment variable > set_backend(); "auto" resolved; the choice checked."""
     if backend is not None:
         name = _check_backend(backend, "backend")
     elif os.environ.get(BACKEND_ENV):
         name = _check_backend(os.environ[BACKEND_ENV], BACKEND_ENV)
     else:
         name = _default_backend
-    if name == "auto":
-        name = _auto(q)
-    elif name == "fa2":
-        fa2.check(q)
-    elif name == "fa3":
-        fa3.check(q)
-    if need_lse and name in _WITHOUT_LSE:
+    chosen = _auto(batch) if name == "auto" else backends.get(name)
+    chosen.check(batch)
+    if need_lse and not chosen.returns_lse:
         raise ValueError(
-            f"return_attn_probs: the {name} backend has no logsumexp, expected False (or backend='reference')"
+            f"return_attn_probs: the {chosen.name} backend has no logsumexp, expected False (or backend='reference')"
         )
-    return name
+    return chosen
 
 
-def _auto(q: Tensor) -> str:
-    """fa3 where it runs (Hopper), else fa2 where it runs, else the reference; the reason for falling back to the
-    reference is logged once per reason."""
-    try:
-        fa2.check(q)  # fa3's checks are fa2's and the GPU's generation
-        return "fa3" if kernels.hopper_unavailable_reason(q.device) is None else "fa2"
-    except ValueError as why:
-        reason = str(why)
-        if reason not in _auto_reasons_logged:
-            _auto_reasons_logged.add(reason)
-            log.info("attention backend auto: running the reference (%s)", reason)
-        return "reference"
+def _auto(batch: AttentionBatch) -> Backend:
+    """fa3 where it runs (Hopper), else fa2 where it runs, else the reference. Falling back to the reference is
+    logged once per reason: a WARNING on a GPU (the kernels should have run there), INFO elsewhere."""
+    reasons = []
+    for name in ("fa3", "fa2"):
+        try:
+            backends.get(name).check(batch)
+            return backends.get(name)
+        except ValueError as why:
+            reasons.append(str(why))
+    reason = reasons[-1]  # fa2's: the one that decided for the reference
+    if reason not in _auto_reasons_logged:
+        _auto_reasons_logged.add(reason)
+        level = logging.WARNING if batch.q.is_cuda else logging.INFO
+        log.log(level, "attention backend auto: running the reference (%s)", reason)
+    return backends.get("reference")
 
 
 def _check_backend(name: str, source: str) -> str:

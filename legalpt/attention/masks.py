@@ -52,6 +52,17 @@ class MaskSpec:
         """Whether `element_mask` can refuse a key of the same document (else only documents and layout matter)."""
         return self.causal or max(self.window) >= 0 or self.dilation > 1
 
+    def ints(self) -> list[int]:
+        """The mask without its layout, flattened once for the custom ops and the kernels (csrc/api.h reads it):
+        [causal, left, right, global_tokens, dilation, block_q, block_k]."""
+        return [int(self.causal), *self.window, self.global_tokens, self.dilation, *self.block_size]
+
+    @classmethod
+    def from_ints(cls, ints: list[int], block_layout: Tensor | None) -> MaskSpec:
+        """The inverse of `ints`."""
+        causal, left, right, global_tokens, dilation, block_q, block_k = ints
+        return cls(bool(causal), (left, right), global_tokens, dilation, block_layout, (block_q, block_k))
+
     def layout4d(self) -> Tensor | None:
         """block_layout as (B or 1, H or 1, nq, nk), a view."""
         layout = self.block_layout

@@ -156,3 +156,42 @@ def assert_documents_stay_apart(backend: str, head_dim: int, device: torch.devic
     for name, ours, single in zip(("out", "dq", "dk", "dv"), (out, *grads), (out_alone, *grads_alone), strict=True):
         assert torch.isfinite(ours[:70]).all(), f"{name}: the next document's NaN reached the first"
         torch.testing.assert_close(ours[:70], single[0], atol=2e-2, rtol=2e-2, msg=name)
+
+
+class EmulatedKernels:
+    """The CUDA extension's functions over the kernels' CPU builds (kernels.emulated, one per head dim), so that the
+    fa2 and fa3 backends run their kernels' own source on CPU tensors."""
+
+    def __init__(self) -> None:
+        from legalpt.attention import build
+
+        self.head_dims, self.has_sm90 = build.HEAD_DIMS, True
+
+    @staticmethod
+    def _build(head_dim: int):
+        from legalpt.attention import kernels
+
+        return kernels.emulated(head_dim)
+
+    def tiles(self, head_dim: int, sm90: bool):
+        return self._build(head_dim).tiles(head_dim, sm90)
+
+    def forward(self, q: Tensor, *args) -> None:
+        self._build(q.shape[-1]).forward(q, *args)
+
+    def prepare(self, *args) -> None:  # the last argument, dq_accum, has the padded head dim
+        self._build(args[-1].shape[-1]).prepare(*args)
+
+    def backward(self, dout: Tensor, q: Tensor, *args) -> None:
+        self._build(q.shape[-1]).backward(dout, q, *args)
+
+
+def use_emulated_kernels(monkeypatch) -> None:
+    """The fa2 and fa3 backends on the emulated kernels: the machine's checks (a GPU, the build) are the GPU's, so
+    only the checks of the inputs stay."""
+    from legalpt.attention import kernels
+    from legalpt.attention.backends import cuda
+
+    emulated = EmulatedKernels()
+    monkeypatch.setattr(kernels, "extension", lambda: emulated)
+    monkeypatch.setattr(cuda.CudaBackend, "check", lambda self, batch: cuda.check_inputs(batch, self.name))

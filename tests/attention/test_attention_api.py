@@ -11,7 +11,15 @@ import sys
 import pytest
 import torch
 
-from legalpt.attention import BACKEND_ENV, api, flash_attn_func, flash_attn_varlen_func, get_backend, set_backend
+from legalpt.attention import (
+    BACKEND_ENV,
+    api,
+    backends,
+    flash_attn_func,
+    flash_attn_varlen_func,
+    get_backend,
+    set_backend,
+)
 
 FLASH_ATTN_FUNC = {
     "q": inspect.Parameter.empty, "k": inspect.Parameter.empty, "v": inspect.Parameter.empty,
@@ -57,11 +65,10 @@ def test_return_convention():
 def no_compute(monkeypatch):
     """Every backend fails the test if reached: validation must reject the input first."""
 
-    def unreachable(*args):
-        raise AssertionError("a backend ran on invalid input")
+    def unreachable(name):
+        raise AssertionError(f"a backend ({name}) was reached on invalid input")
 
-    for name in list(api._BACKENDS):
-        monkeypatch.setitem(api._BACKENDS, name, unreachable)
+    monkeypatch.setattr(backends, "get", unreachable)
 
 
 def _batch(**overrides):
@@ -174,15 +181,22 @@ def backend_spy(monkeypatch):
     monkeypatch.setattr(api, "_default_backend", "auto")
     calls = []
 
-    def recorder(name):
-        def run(q, *args):
-            calls.append(name)
-            return torch.zeros_like(q), None
+    class Recorder:
+        """The backend's own checks (so that auto chooses as it would), a record instead of its computation."""
 
-        return run
+        def __init__(self, name):
+            self.real = backends.get(name)
+            self.name, self.returns_lse = name, self.real.returns_lse
 
-    for name in list(api._BACKENDS):
-        monkeypatch.setitem(api._BACKENDS, name, recorder(name))
+        def check(self, batch):
+            self.real.check(batch)
+
+        def attention(self, batch):
+            calls.append(self.name)
+            return torch.zeros_like(batch.q), None
+
+    recorders = {name: Recorder(name) for name in backends.NAMES}
+    monkeypatch.setattr(backends, "get", recorders.__getitem__)
     return calls
 
 

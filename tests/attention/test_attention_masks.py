@@ -9,7 +9,7 @@ import pytest
 import torch
 from attention_helpers import rule_mask
 
-from legalpt.attention import reference
+from legalpt.attention.backends import reference
 from legalpt.attention.masks import Documents, MaskSpec, block_visible
 
 POSITION_MASKS = {

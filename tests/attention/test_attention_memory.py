@@ -10,7 +10,8 @@ from attention_helpers import naive_attention
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from legalpt.attention import flash_attn_func, flash_attn_varlen_func, reference
+from legalpt.attention import flash_attn_func, flash_attn_varlen_func
+from legalpt.attention.backends import AttentionBatch, reference
 from legalpt.attention.masks import MaskSpec
 
 
@@ -47,8 +48,9 @@ def _peak_bytes(n: int, causal: bool) -> int:
     q, k, v, dout = (torch.randn(1, n, 2, 16) for _ in range(4))
     spec = MaskSpec(causal=causal, block_size=(128, 128))
     with LiveBytes() as mode:
-        out, lse = reference.forward(q, k, v, None, None, n, n, spec, 0.25, 0.0)
-        grads = reference.backward(dout, q, k, v, out, lse, None, None, None, n, n, spec, 0.25, 0.0)
+        batch = AttentionBatch(q, k, v, None, None, n, n, spec, 0.25)
+        out, lse = reference.forward(batch)
+        grads = reference.backward(batch, out, lse, dout, None)
         del out, lse, grads
     return mode.peak
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from legalpt.attention import flash_attn_func, flash_attn_varlen_func, ops
-from legalpt.attention.masks import MaskSpec
+from legalpt.attention.backends import AttentionBatch
 
 
 def _forward_args(varlen: bool) -> tuple:
@@ -21,8 +21,9 @@ def _forward_args(varlen: bool) -> tuple:
         layout = torch.rand(4, 3, 3) < 0.7
         seq = (None, None, 37, 45)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    # softmax_scale, softcap, causal, window, global_tokens, dilation, layout, block_q, block_k, deterministic, backend
-    options = (0.3, 3.0, True, 12, 0, 2, 2, layout, 16, 16, False, "reference")
+    # softmax_scale, softcap, mask [causal, left, right, global_tokens, dilation, block_q, block_k], layout,
+    # deterministic, backend
+    options = (0.3, 3.0, [1, 12, 0, 2, 2, 16, 16], layout, False, "reference")
     return (q, k, v, *seq, *options)
 
 
@@ -32,7 +33,7 @@ def test_opcheck(varlen):
     torch.library.opcheck(torch.ops.legalpt.attention_forward.default, args)
     out, lse = torch.ops.legalpt.attention_forward(*args)
     q, k, v = (x.detach() for x in args[:3])
-    backward_args = (torch.randn_like(out), q, k, v, out.detach(), lse.detach(), torch.randn_like(lse), *args[3:])
+    backward_args = (torch.randn_like(out), out.detach(), lse.detach(), torch.randn_like(lse), q, k, v, *args[3:])
     torch.library.opcheck(torch.ops.legalpt.attention_backward.default, backward_args)
 
 
@@ -41,10 +42,11 @@ def test_eager_autograd_matches_the_ops_registered_one(varlen):
     """`ops.attention` runs its own autograd.Function in eager mode (torch.library's wrapper costs ~60 us a call):
     the same outputs and gradients, bit for bit, as the op's registered autograd, which opcheck and compile use."""
     args = _forward_args(varlen)
-    (q, k, v, cu_q, cu_k, max_q, max_k, scale, softcap, causal, left, right, global_tokens, dilation, layout, bq, bk,
-     deterministic, backend) = args  # fmt: skip
-    spec = MaskSpec(causal, (left, right), global_tokens, dilation, layout, (bq, bk))
-    eager = ops.attention(q, k, v, cu_q, cu_k, max_q, max_k, spec, scale, softcap, deterministic, backend)
+    *batch_args, backend = args
+    q, k, v = args[:3]
+    batch = AttentionBatch.from_op_args(*batch_args)
+    assert batch.op_args()[9] == args[9]  # the mask flattened and back
+    eager = ops.attention(batch, backend)
     registered = torch.ops.legalpt.attention_forward(*args)
     assert type(eager[0].grad_fn).__name__ == "_AttentionBackward"
     assert all(torch.equal(a, b) for a, b in zip(eager, registered, strict=True))

@@ -7,7 +7,7 @@ import random
 import torch
 from attention_helpers import rule_mask
 
-from legalpt.attention import fa2
+from legalpt.attention.backends import AttentionBatch, cuda
 from legalpt.attention.blocks import EMPTY, FULL, PARTIAL, build_schedule, schedule_for, tile_states
 from legalpt.attention.masks import MaskSpec
 
@@ -88,14 +88,22 @@ def test_schedules_are_cached_per_shape_and_rebuilt_for_new_documents():
 
 
 def test_the_backward_splits_only_the_key_tiles_of_global_tokens(monkeypatch):
-    """fa2._split: the tiles holding the global keys (which every query tile visits) go to enough blocks that none
+    """cuda._split: the tiles holding the global keys (which every query tile visits) go to enough blocks that none
     visits more than SPLIT_VISITS query tiles; nothing splits without global tokens, under `deterministic` (float32
     sums in no fixed order), or where one block's visits already fit."""
-    monkeypatch.setattr(fa2, "SPLIT_VISITS", 32)
+    monkeypatch.setattr(cuda, "SPLIT_VISITS", 32)
     tile = (64, 128)  # (query rows, keys) of a backward tile
-    assert fa2._split(64, 65536, 65536, tile, deterministic=False) == (1, 32)  # 1024 query tiles, 32 per block
-    assert fa2._split(129, 65536, 65536, tile, deterministic=False) == (2, 32)  # 129 global keys span two tiles
-    assert fa2._split(300, 3000, 100, tile, deterministic=False) == (1, 2)  # no more tiles than the keys have
-    assert fa2._split(64, 65536, 65536, tile, deterministic=True) == (0, 1)
-    assert fa2._split(0, 65536, 65536, tile, deterministic=False) == (0, 1)
-    assert fa2._split(64, 2048, 2048, tile, deterministic=False) == (0, 1)  # 32 query tiles: one block
+
+    def split(global_tokens: int, max_q: int, max_k: int, deterministic: bool) -> tuple[int, int]:
+        none = torch.empty(0)
+        mask = MaskSpec(global_tokens=global_tokens)
+        return cuda._split(
+            AttentionBatch(none, none, none, None, None, max_q, max_k, mask, 1.0, 0.0, deterministic), tile
+        )
+
+    assert split(64, 65536, 65536, deterministic=False) == (1, 32)  # 1024 query tiles, 32 per block
+    assert split(129, 65536, 65536, deterministic=False) == (2, 32)  # 129 global keys span two tiles
+    assert split(300, 3000, 100, deterministic=False) == (1, 2)  # no more tiles than the keys have
+    assert split(64, 65536, 65536, deterministic=True) == (0, 1)
+    assert split(0, 65536, 65536, deterministic=False) == (0, 1)
+    assert split(64, 2048, 2048, deterministic=False) == (0, 1)  # 32 query tiles: one block

@@ -24,20 +24,27 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from attention_helpers import assert_documents_stay_apart, assert_flash_attn_rule, naive_attention, rising_scores
+from attention_helpers import (
+    assert_documents_stay_apart,
+    assert_flash_attn_rule,
+    naive_attention,
+    rising_scores,
+    use_emulated_kernels,
+)
 from torch import Tensor
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from legalpt.attention import (
     BACKEND_ENV,
-    fa2,
     flash_attn_func,
     flash_attn_varlen_func,
     get_backend,
     kernels,
     set_backend,
 )
+from legalpt.attention.backends import AttentionBatch, cuda
+from legalpt.attention.masks import MaskSpec
 
 MODE = os.environ.get("LEGALPT_FA2_TEST_BACKEND", "fa2")  # fa2 | fa3 | fa2-emulated | reference
 EMULATED = MODE == "fa2-emulated"
@@ -136,8 +143,7 @@ def _cases() -> list[Case]:
 def _emulated_kernels(monkeypatch) -> None:
     """fa2-emulated: the fa2 backend runs its kernels' CPU build; of its checks only those of the inputs apply."""
     if EMULATED:
-        monkeypatch.setattr(fa2, "check", fa2.check_inputs)
-        monkeypatch.setattr(kernels, "fa2", kernels.fa2_emulated)
+        use_emulated_kernels(monkeypatch)
 
 
 @pytest.fixture(autouse=True)
@@ -340,18 +346,21 @@ SPLIT_CASES = [
 @gpu
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
 def test_split_global_key_tiles(case: Case, monkeypatch):
-    """The backward with the global keys' tiles split over blocks of one query tile each (fa2._split; at the default
+    """The backward with the global keys' tiles split over blocks of one query tile each (cuda._split; at the default
     SPLIT_VISITS a split starts past 2048 query rows at d128), their dK and dV added in float32 from the parts."""
-    monkeypatch.setattr(fa2, "SPLIT_VISITS", 1)
+    monkeypatch.setattr(cuda, "SPLIT_VISITS", 1)
     if MODE != "reference":  # the dry run builds no kernels, and has no split
-        tile = kernels.fa2(case.head_dim).bwd_tile
-        assert fa2._split(MASKS[case.mask]["global_tokens"], *case.seqlens, tile, case.deterministic)[1] > 1
+        _, tile = kernels.extension().tiles(kernels.padded_head_dim(case.head_dim), BACKEND == "fa3")
+        mask = MaskSpec(global_tokens=MASKS[case.mask]["global_tokens"])
+        none = torch.empty(0)
+        batch = AttentionBatch(none, none, none, None, None, *case.seqlens, mask, 1.0, deterministic=case.deterministic)
+        assert cuda._split(batch, tile)[1] > 1
     _check_case(case)
 
 
 @gpu
 def test_split_global_key_tiles_varlen(monkeypatch, rng):
-    monkeypatch.setattr(fa2, "SPLIT_VISITS", 1)
+    monkeypatch.setattr(cuda, "SPLIT_VISITS", 1)
     lens_q, lens_k = _documents(rng)
     cu = (_cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k))
     q, k, v = _qkv((sum(lens_q), 4, 128), (sum(lens_k), 1, 128), torch.bfloat16)
@@ -440,8 +449,9 @@ def _op_args(varlen: bool, head_dim: int) -> tuple:
     _, (q, k, v, *seq) = _op_inputs(varlen, head_dim)
     seq = seq or [None, None, q.shape[1], k.shape[1]]
     layout = _layout("heads", 1, q.shape[-2], tuple(seq[2:]), (64, 64))
-    # softmax_scale, softcap, causal, window, global_tokens, dilation, layout, block_q, block_k, deterministic, backend
-    options = (0.3, 3.0, True, 100, 0, 4, 2, layout, 64, 64, True, BACKEND)
+    # softmax_scale, softcap, mask [causal, left, right, global_tokens, dilation, block_q, block_k], layout,
+    # deterministic, backend
+    options = (0.3, 3.0, [1, 100, 0, 4, 2, 64, 64], layout, True, BACKEND)
     return (q, k, v, *seq, *options)
 
 
@@ -453,7 +463,7 @@ def test_opcheck(varlen: bool, head_dim: int):
     torch.library.opcheck(torch.ops.legalpt.attention_forward.default, args)
     out, lse = torch.ops.legalpt.attention_forward(*args)
     q, k, v = (x.detach() for x in args[:3])
-    backward_args = (torch.randn_like(out), q, k, v, out.detach(), lse.detach(), torch.randn_like(lse), *args[3:])
+    backward_args = (torch.randn_like(out), out.detach(), lse.detach(), torch.randn_like(lse), q, k, v, *args[3:])
     torch.library.opcheck(torch.ops.legalpt.attention_backward.default, backward_args)
 
 
@@ -536,7 +546,8 @@ def test_auto_picks_our_kernels_for_half_precision(dtype: torch.dtype, auto_back
     with _OpBackends() as calls:
         flash_attn_func(q, k, v, causal=True)
         flash_attn_varlen_func(q[0], k[0], v[0], _cu([20, 44]), _cu([20, 44]), 44, 44)
-    hopper = DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE) == (9, 0) and kernels.has_fa3()
+    hopper = DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE) == (9, 0)
+    hopper = hopper and kernels.extension().has_sm90
     expected = ("fa3" if hopper else "fa2") if BACKEND in ("fa2", "fa3") and dtype in DTYPES else "reference"
     assert calls.backends == [expected, expected]
 

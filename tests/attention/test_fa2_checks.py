@@ -9,121 +9,131 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from legalpt.attention import api, fa2, fa3, kernels
+from legalpt.attention import api, build, kernels
+from legalpt.attention.backends import AttentionBatch, cuda
 from legalpt.attention.masks import MaskSpec
 
 
-def cuda_input(dtype=torch.bfloat16, head_dim=64) -> SimpleNamespace:
-    return SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype, shape=(2, 16, 4, head_dim))
+def cuda_batch(dtype=torch.bfloat16, head_dim=64) -> AttentionBatch:
+    q = SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype, shape=(2, 16, 4, head_dim), is_cuda=True)
+    return AttentionBatch(q, q, q, None, None, 16, 16, MaskSpec(), 1.0)
+
+
+def built(has_sm90: bool = True, head_dims: tuple[int, ...] = build.HEAD_DIMS) -> SimpleNamespace:
+    """A stand-in for the extension module: what the checks read of it."""
+    return SimpleNamespace(has_sm90=has_sm90, head_dims=head_dims)
 
 
 @pytest.fixture
 def capable_machine(monkeypatch):
-    """A machine that passes every check before the build: sm90, sources and nvcc present."""
-    monkeypatch.setattr(kernels, "unavailable_reason", lambda device: None)
+    """A machine that passes every check: an sm90 GPU and the kernels built for it. Every cache starts empty."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H200")
-    monkeypatch.setattr(kernels, "_loaded", {})
-    monkeypatch.setattr(kernels, "_build_errors", {})
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(kernels, "_load", built)
     monkeypatch.setattr(api, "_auto_reasons_logged", set())
+    kernels.unavailable_reason.cache_clear()
+    yield
+    kernels.unavailable_reason.cache_clear()
 
 
-def test_an_old_gpu_is_named_with_its_compute_capability(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 5))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Tesla T4")
+def machine(monkeypatch, capability: tuple[int, int], name: str) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: name)
+    kernels.unavailable_reason.cache_clear()
+
+
+def test_an_old_gpu_is_named_with_its_compute_capability(capable_machine, monkeypatch):
+    machine(monkeypatch, (7, 5), "Tesla T4")
     with pytest.raises(ValueError, match=r"^backend: fa2 cannot run here: .*>= 8\.0.*Tesla T4 has 7\.5"):
-        fa2.check(cuda_input())
+        cuda.FA2.check(cuda_batch())
 
 
 def test_fa3_needs_a_hopper_gpu_and_a_hopper_build(capable_machine, monkeypatch):
+    cpu = torch.zeros(2, 16, 4, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: it needs a CUDA device .* cpu"):
-        fa3.check(torch.zeros(2, 16, 4, 64, dtype=torch.bfloat16))
+        cuda.FA3.check(AttentionBatch(cpu, cpu, cpu, None, None, 16, 16, MaskSpec(), 1.0))
     with pytest.raises(ValueError, match=r"^q: the fa3 backend supports bfloat16 and float16, got torch.float32"):
-        fa3.check(cuda_input(dtype=torch.float32))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A100")
+        cuda.FA3.check(cuda_batch(dtype=torch.float32))
+    machine(monkeypatch, (8, 0), "NVIDIA A100")
     with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: .*Hopper.*NVIDIA A100 has 8\.0"):
-        fa3.check(cuda_input())
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
-    monkeypatch.setenv(kernels.ARCHS_ENV, "80")
+        cuda.FA3.check(cuda_batch())
+    machine(monkeypatch, (9, 0), "NVIDIA H200")
+    monkeypatch.setattr(kernels, "_extension", built(has_sm90=False))
     with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: .*not built for sm_90a"):
-        fa3.check(cuda_input())
-    builds = []
-    monkeypatch.setattr(kernels, "_build", lambda head_dim: builds.append(head_dim) or SimpleNamespace())
-    monkeypatch.setenv(kernels.ARCHS_ENV, "80;90")
-    fa3.check(cuda_input(head_dim=100))
-    assert builds == [128]  # zero-padded to the extension of head dim 128, which holds fa3's kernels
+        cuda.FA3.check(cuda_batch())
+    cuda.FA2.check(cuda_batch())  # the sm80 path's kernels are there
+    machine(monkeypatch, (9, 0), "NVIDIA H200")
+    monkeypatch.setattr(kernels, "_extension", built(head_dims=(64,)))
+    cuda.FA3.check(cuda_batch(head_dim=50))  # zero-padded to 64
+    with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: head_dim 100 is above the built head dims"):
+        cuda.FA3.check(cuda_batch(head_dim=100))
 
 
-@pytest.mark.parametrize(("archs", "fa3"), [("80;90", True), ("90", True), ("80", False), ("80,86", False)], ids=str)
-def test_hopper_builds_sm90a_with_the_fa3_kernels(monkeypatch, archs: str, fa3: bool):
-    monkeypatch.setenv(kernels.ARCHS_ENV, archs)
-    flags = kernels._gencode_flags()
-    assert ("-gencode=arch=compute_90a,code=sm_90a" in flags) == fa3
-    assert not any(f.endswith("sm_90") for f in flags), "Hopper's target is sm_90a"
-    assert kernels.has_fa3() == fa3 == ("-DLEGALPT_FA3" in flags)
+def test_a_missing_build_is_a_clear_error_and_auto_warns_once(capable_machine, monkeypatch, caplog):
+    loads = []
 
+    def not_built():
+        loads.append(1)
+        raise RuntimeError(f"the CUDA kernels are not built (No module named 'legalpt._C'); {kernels.INSTALL_HINT}")
 
-def test_a_failed_build_is_a_clear_error_and_auto_falls_back_once(capable_machine, monkeypatch, caplog):
-    builds = []
-
-    def failing_build(head_dim):
-        builds.append(head_dim)
-        raise OSError("nvcc fatal: unsupported gpu architecture")
-
-    monkeypatch.setattr(kernels, "_build", failing_build)
-    with pytest.raises(ValueError, match=r"^backend: fa2 cannot run here: fa2: building .* head_dim 64 failed.*nvcc"):
-        fa2.check(cuda_input(head_dim=50))  # padded to 64
+    monkeypatch.setattr(kernels, "_load", not_built)
+    with pytest.raises(ValueError, match=r"^backend: fa2 cannot run here: the CUDA kernels are not built .*pip"):
+        cuda.FA2.check(cuda_batch(head_dim=50))
     with caplog.at_level(logging.INFO, logger="legalpt.attention.api"):
-        assert [api._auto(cuda_input()) for _ in range(3)] == ["reference"] * 3
-    assert builds == [64]  # a failed build is remembered, not retried on every call
-    fallbacks = [r.getMessage() for r in caplog.records if "running the reference" in r.getMessage()]
-    assert len(fallbacks) == 1 and "unsupported gpu architecture" in fallbacks[0]
+        assert [api._auto(cuda_batch()).name for _ in range(3)] == ["reference"] * 3
+    assert loads == [1]  # a failed load is remembered, not retried on every call
+    fallbacks = [r for r in caplog.records if "running the reference" in r.getMessage()]
+    assert len(fallbacks) == 1 and "not built" in fallbacks[0].getMessage()
+    assert fallbacks[0].levelno == logging.WARNING  # the inputs are on a GPU: never silent
+
+
+def test_availability_is_decided_once_per_device_head_dim_and_dtype(capable_machine, monkeypatch):
+    """The attention calls of a training step ask nothing of the machine after the first."""
+    reads = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: reads.append(device) or (9, 0))
+    for _ in range(5):
+        api._auto(cuda_batch())
+    assert len(reads) == 1  # fa3's check decided it; fa2's was never needed
+    api._auto(cuda_batch(head_dim=128))
+    assert len(reads) == 2
 
 
 def test_auto_runs_fa3_on_hopper(capable_machine, monkeypatch):
-    monkeypatch.setattr(kernels, "_build", lambda head_dim: SimpleNamespace(head_dim=head_dim))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
-    monkeypatch.setenv(kernels.ARCHS_ENV, "80;90")
-    assert api._auto(cuda_input()) == "fa3"
-    monkeypatch.setenv(kernels.ARCHS_ENV, "80")
-    assert api._auto(cuda_input()) == "fa2"
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A100")
-    monkeypatch.setenv(kernels.ARCHS_ENV, "80;90")
-    assert api._auto(cuda_input()) == "fa2"
+    assert api._auto(cuda_batch()).name == "fa3"
+    monkeypatch.setattr(kernels, "_extension", built(has_sm90=False))
+    kernels.unavailable_reason.cache_clear()
+    assert api._auto(cuda_batch()).name == "fa2"
+    machine(monkeypatch, (8, 0), "NVIDIA A100")
+    monkeypatch.setattr(kernels, "_extension", built())
+    assert api._auto(cuda_batch()).name == "fa2"
 
 
 def test_auto_under_torch_compile_runs_fa3_only_on_hopper(capable_machine, monkeypatch):
-    """While torch.compile traces, the build checks are left to the op, but the GPU's generation is known: auto must
-    not pick fa3 for an sm80 GPU, whose op would then refuse it."""
+    """While torch.compile traces, the checks are constants of the trace (assume_constant_result): auto must not
+    pick fa3 for an sm80 GPU, whose op would then refuse it."""
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    monkeypatch.setenv(kernels.ARCHS_ENV, "80;90")
-    assert api._auto(cuda_input()) == "fa3"
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A100")
-    assert api._auto(cuda_input()) == "fa2"
+    assert api._auto(cuda_batch()).name == "fa3"
+    machine(monkeypatch, (8, 0), "NVIDIA A100")
+    assert api._auto(cuda_batch()).name == "fa2"
     with pytest.raises(ValueError, match=r"^backend: fa3 cannot run here: .*Hopper.*NVIDIA A100 has 8\.0"):
-        fa3.check(cuda_input())
+        cuda.FA3.check(cuda_batch())
 
 
-def test_auto_runs_fa2_where_it_builds(capable_machine, monkeypatch):
-    monkeypatch.setattr(kernels, "_build", lambda head_dim: SimpleNamespace(head_dim=head_dim))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))  # no fa3 there
-    assert api._auto(cuda_input()) == "fa2"
-    assert api._auto(cuda_input(dtype=torch.float32)) == "reference"
-    assert api._auto(cuda_input(head_dim=320)) == "reference"
+def test_auto_runs_fa2_where_it_runs(capable_machine, monkeypatch):
+    machine(monkeypatch, (8, 0), "NVIDIA A100")  # no fa3 there
+    assert api._auto(cuda_batch()).name == "fa2"
+    assert api._auto(cuda_batch(dtype=torch.float32)).name == "reference"
+    assert api._auto(cuda_batch(head_dim=320)).name == "reference"
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
 def test_more_documents_than_a_launch_grid_holds_is_refused_before_launch(varlen: bool):
-    documents = fa2.MAX_GRID_YZ + 1
-    if varlen:
-        q = torch.empty(documents, 1, 8)  # (total, H, D): one token per document
-        cu = torch.arange(documents + 1, dtype=torch.int32)
-        args, name = (cu, cu, 1, 1), "cu_seqlens_q"
-    else:
-        q = torch.empty(documents, 1, 1, 8)  # (B, S, H, D)
-        args, name = (None, None, 1, 1), "q"
+    """Checked by `check`, which forward and backward run before anything else."""
+    documents = cuda.MAX_GRID_YZ + 1
+    shape = (documents, 1, 8) if varlen else (documents, 1, 1, 8)  # (total, H, D) one token a document, (B, S, H, D)
+    q = SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16, shape=shape, is_cuda=True)
+    cu = torch.arange(documents + 1, dtype=torch.int32)
+    args, name = ((cu, cu, 1, 1), "cu_seqlens_q") if varlen else ((None, None, 1, 1), "q")
     with pytest.raises(ValueError, match=rf"^{name}: the fa2 kernels take at most 65535 documents .* got 65536"):
-        fa2.forward(q, q, q, *args, MaskSpec(), 1.0, 0.0)
+        cuda.FA2.check(AttentionBatch(q, q, q, *args, MaskSpec(), 1.0))

@@ -8,7 +8,7 @@ on a GPU. The cases are small and chosen to reach every instantiation: the plain
 layout) kernels, the forward's rescale (rows whose max moves in late tiles, in some lanes only), one and two row
 tiles per warp, a softmax scale <= 0, both backward layouts (two-level at d64 and d128, one-level with the dK/dV
 columns split over d128), the global keys' tiles split over blocks (one and two split tiles), the deterministic dQ
-pass. The fa3 kernels (Hopper, wgmma: csrc/fa3) run the same way, their warpgroup MMAs emulated from the swizzled
+pass. The fa3 kernels (Hopper, wgmma: csrc/sm90) run the same way, their warpgroup MMAs emulated from the swizzled
 shared memory their descriptors address (FA3_CASES and the fa3 variants below).
 """
 
@@ -19,10 +19,18 @@ import shutil
 
 import pytest
 import torch
-from attention_helpers import assert_documents_stay_apart, assert_flash_attn_rule, naive_attention, rising_scores
+from attention_helpers import (
+    assert_documents_stay_apart,
+    assert_flash_attn_rule,
+    naive_attention,
+    rising_scores,
+    use_emulated_kernels,
+)
 from torch.utils.cpp_extension import is_ninja_available
 
-from legalpt.attention import fa2, fa3, flash_attn_func, flash_attn_varlen_func, kernels
+from legalpt.attention import flash_attn_func, flash_attn_varlen_func, kernels
+from legalpt.attention.backends import AttentionBatch, cuda
+from legalpt.attention.masks import MaskSpec
 
 pytestmark = pytest.mark.skipif(
     shutil.which("c++") is None or not is_ninja_available(), reason="building the emulation needs c++ and ninja"
@@ -94,9 +102,7 @@ def _emulated_kernels(monkeypatch):
     """The fa2 and fa3 backends with their kernels' CPU build: the device and build checks are the GPU's, so only
     the input checks stay. torch.empty fills floating tensors with NaN, as the GPU's reused memory would hold
     anything."""
-    monkeypatch.setattr(fa2, "check", fa2.check_inputs)
-    monkeypatch.setattr(fa3, "check", fa2.check_inputs)
-    monkeypatch.setattr(kernels, "fa2", kernels.fa2_emulated)
+    use_emulated_kernels(monkeypatch)
     for name in ("empty", "empty_like"):  # every word the kernels leave unwritten shows as NaN
         monkeypatch.setattr(torch, name, _poisoned(getattr(torch, name)))
     monkeypatch.setattr(torch.Tensor, "new_empty", _poisoned(torch.Tensor.new_empty))
@@ -169,10 +175,10 @@ def test_emulated_kernels_match_naive(case: str, rng):
 def test_emulated_split_global_key_tiles(
     head_dim: int, heads: tuple, varlen: bool, global_tokens: int, split_tiles: int, backend: str, monkeypatch, rng
 ):
-    """The backward of the global keys' tiles split over blocks of one query tile each (fa2._split), their dK and
+    """The backward of the global keys' tiles split over blocks of one query tile each (cuda._split), their dK and
     dV added in float32 (split_dkv_kernel): two-level and one-level layouts, batch and varlen, one and two split
     key tiles (140 global keys over 128-key tiles)."""
-    monkeypatch.setattr(fa2, "SPLIT_VISITS", 1)
+    monkeypatch.setattr(cuda, "SPLIT_VISITS", 1)
     kw = {"causal": True, "window_size": (40, 0), "global_tokens": global_tokens}
     if varlen:
         lens = [200, 9, 150]
@@ -182,9 +188,9 @@ def test_emulated_split_global_key_tiles(
     else:
         q, k, v = _qkv((2, 200, heads[0], head_dim), (2, 200, heads[1], head_dim), torch.bfloat16)
         _check(q, k, v, kw, backend=backend)
-    ext = kernels.fa2(head_dim)  # (query rows, keys): one block per query tile of the 200 rows
-    tile = ext.fa3_bwd_tile if backend == "fa3" else ext.bwd_tile
-    assert fa2._split(global_tokens, 200, 200, tile, deterministic=False) == (split_tiles, -(-200 // tile[0]))
+    _, tile = kernels.emulated(head_dim).tiles(head_dim, backend == "fa3")  # (query rows, keys) of the backward's
+    batch = AttentionBatch(q, k, v, None, None, 200, 200, MaskSpec(global_tokens=global_tokens), 1.0)
+    assert cuda._split(batch, tile) == (split_tiles, -(-200 // tile[0]))  # one block per query tile of the 200 rows
 
 
 @pytest.mark.parametrize(
@@ -210,7 +216,7 @@ def test_emulated_rescale_when_the_max_moves(
 
 def test_emulated_fa3_size_one_dimensions_with_any_stride(rng):
     """A batch of one and a single head whose strides are not multiples of 16 bytes: PyTorch calls such tensors
-    contiguous and keeps the strides, which TMA's tensor maps refuse (host.h's tensor_map replaces them)."""
+    contiguous and keeps the strides, which TMA's tensor maps refuse (api.h's describe replaces them)."""
     q, k, v = (
         torch.randn(70 * 64, dtype=torch.bfloat16).as_strided((1, 70, 1, 64), (3, 64, 5, 1)).requires_grad_()
         for _ in range(3)
@@ -261,7 +267,7 @@ def test_emulation_synchronizes_as_the_hardware():
     a waiter sees what was written before the arrivals it waited for, under every schedule; an arrival nobody waits
     for, one more arrival than an mbarrier's count, and a thread arriving twice in one phase of a named barrier raise
     instead of passing silently."""
-    ext = kernels.fa2_emulated(64)
+    ext = kernels.emulated(64)
     assert ext.check_emulation("named_barrier").tolist() == [1, 1, 1, 1]
     assert ext.check_emulation("mbarrier_arrivals").tolist() == [1, 1, 1, 1]
     with pytest.raises(RuntimeError, match="named barrier with unmatched arrivals"):
@@ -276,7 +282,7 @@ def test_plain_mask_bits_follow_the_element_rule():
     """The partial tiles' one-bit tests (csrc/common/mask.cuh: seen_keys in the forward, seen_queries in the
     backward's transposed tiles) against the per-key rule `allowed`, over causal and not, windows bounded and not
     on each side, global tokens, unequal lengths and rows or keys past the document."""
-    ext = kernels.fa2_emulated(64)
+    ext = kernels.emulated(64)
     configs = [
         (lq, lk, causal, left, right, global_tokens)
         for lq, lk in ((1, 1), (37, 100), (100, 37), (130, 130))

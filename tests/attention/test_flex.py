@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
 
-from legalpt.attention import blocks, flash_attn_func, flash_attn_varlen_func, flex
+from legalpt.attention import blocks, flash_attn_func, flash_attn_varlen_func
+from legalpt.attention.backends import AttentionBatch, flex
 from legalpt.attention.masks import Documents, MaskSpec, batch_mask, packed_mask
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -106,7 +107,7 @@ def test_batch_matches_reference(case, rng):
     ref_out, ref_lse, _ = flash_attn_func(
         q, k, v, softcap=softcap, softmax_scale=0.3, return_attn_probs=True, backend="reference", **kw
     )
-    out, lse = flex.attention(q, k, v, None, None, sq, sk, _spec(kw), 0.3, softcap, False)
+    out, lse = flex.attention(AttentionBatch(q, k, v, None, None, sq, sk, _spec(kw), 0.3, softcap))
     assert out.is_contiguous()
     _assert_matches_reference(out, lse, ref_out, ref_lse)
 
@@ -133,7 +134,7 @@ def test_varlen_matches_reference(case, rng):
     ref_out, ref_lse, _ = flash_attn_varlen_func(
         q, k, v, cu_q, cu_k, max_q, max_k, softcap=softcap, return_attn_probs=True, backend="reference", **kw
     )
-    out, lse = flex.attention(q, k, v, cu_q, cu_k, max_q, max_k, _spec(kw), 32**-0.5, softcap, False)
+    out, lse = flex.attention(AttentionBatch(q, k, v, cu_q, cu_k, max_q, max_k, _spec(kw), 32**-0.5, softcap))
     _assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
@@ -246,7 +247,7 @@ def test_cuda_gradients_match_reference(varlen, rng):
     ref_out, ref_lse, _ = fn(q, k, v, *lead, return_attn_probs=True, backend="reference", **kw)
     spec = _spec(kw)
     args = (cu, cu, max(lens), max(lens)) if varlen else (None, None, 203, 203)
-    out, lse = flex.attention(q, k, v, *args, spec, 64**-0.5, kw["softcap"], False)
+    out, lse = flex.attention(AttentionBatch(q, k, v, *args, spec, 64**-0.5, kw["softcap"]))
     torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-3)
     torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-3)
     g = torch.randn_like(out)

@@ -1,0 +1,66 @@
+// Host side of the FA2 path (mma.sync, sm80+): the grids and launches of the forward, the backward (with the split
+// key tiles' sum and the deterministic dQ pass) and the backward's preprocessing, over a Problem, through a Launch
+// policy (csrc/common/cuda_launch.h on a GPU, the CPU emulation's in csrc/emulated.cpp). csrc/instantiations/
+// instantiates them per head dim, element type and mask generality; csrc/api.h chooses which one runs.
+#pragma once
+
+#include "../common/problem.h"
+#include "bwd.cuh"
+#include "fwd.cuh"
+
+namespace legalpt::fa2 {
+
+template <typename T, int D, bool kGeneral, typename Launch>
+void run_fwd(const Problem& pb, const Launch& launch) {
+  using Tr = FwdTraits<T, D>;
+  const dim3 grid((pb.p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, pb.documents, pb.p.heads);
+  launch(fwd_kernel<T, D, kGeneral>, grid, Tr::kThreads, Tr::kSmem, pb.p);
+}
+
+// The backward's blocks per document and key head: one per key tile of 128 keys (both paths' tile), and the split
+// key tiles' extra parts.
+template <int D>
+int key_blocks(const Params& p) {
+  constexpr int kKeys = BwdTraits<__half, D>::kBlockN;
+  return (p.seqlen_k + kKeys - 1) / kKeys + p.split_tiles * (p.split_chunks - 1);
+}
+
+// Adds the split key tiles' parts of dK and dV (dkv_split) into dk and dv, after either path's backward kernel.
+template <typename T, int D, typename Launch>
+void run_split_dkv(const Problem& pb, const Launch& launch) {
+  if (pb.p.split_chunks <= 1) return;
+  constexpr int kKeys = BwdTraits<__half, D>::kBlockN;
+  launch(split_dkv_kernel<T, D>, dim3(pb.p.split_tiles * kKeys, pb.documents), 256, 0, pb.p);
+}
+
+// The deterministic dQ pass: one block per forward query tile, over the forward's schedule (pb.dq_schedule).
+template <typename T, int D, bool kGeneral, typename Launch>
+void run_dq(const Problem& pb, const Launch& launch) {
+  using Tr = DqTraits<T, D>;
+  Params p = pb.p;
+  p.schedule = pb.dq_schedule;
+  const dim3 grid((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, pb.documents, p.heads);
+  launch(dq_kernel<T, D, kGeneral>, grid, Tr::kThreads, Tr::kSmem, p);
+}
+
+template <typename T, int D, bool kGeneral, typename Launch>
+void run_bwd(const Problem& pb, const Launch& launch) {
+  using Tr = BwdTraits<T, D>;
+  const dim3 grid(key_blocks<D>(pb.p), pb.documents, pb.kv_heads);
+  launch(bwd_kernel<T, D, kGeneral>, grid, Tr::kThreads, Tr::kSmem, pb.p);
+  run_split_dkv<T, D>(pb, launch);
+  if (pb.p.deterministic) run_dq<T, D, kGeneral>(pb, launch);
+}
+
+// The backward's preprocessing (delta, the logsumexp in log2, dq_accum zeroed) over `blocks` blocks of 256 threads;
+// kVec: 16-byte reads, where every row starts 16-byte aligned and holds whole chunks of 8 (a.group lanes per pair).
+template <typename T, bool kVec, typename Launch>
+void run_prepare(const PrepArgs& a, int64_t blocks, const Launch& launch) {
+  if (kVec) {
+    launch(bwd_prep_kernel<T, 8, kPrepChunks>, dim3(static_cast<unsigned>(blocks)), kPrepThreads, 0, a);
+  } else {
+    launch(bwd_prep_kernel<T, 1, 1>, dim3(static_cast<unsigned>(blocks)), kPrepThreads, 0, a);
+  }
+}
+
+}  // namespace legalpt::fa2

@@ -1,0 +1,442 @@
+// FA3 backward (Hopper, sm90a): one block per (key tile of 128 keys, document, key head), its two consumer
+// warpgroups each owning 64 keys and their dK and dV accumulators, over the same visits as the FA2 backward
+// (csrc/sm80/bwd.cuh: every query head of the group, split key tiles, the deterministic dQ pass). Per query tile of
+// 64 rows, recomputed from Q, K and the saved logsumexp, on wgmma (wgmma.cuh):
+//   S^T = K Q^T and dP^T = V dO^T (A and B from swizzled shared memory)
+//   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) d(logit)/d(q.k), in registers (FA2's score_grads, or its
+//   halves plain_prob and plain_grad)
+//   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register A operands, dO and Q N-major from shared memory)
+//   dQ = dS K: dS^T goes through shared memory (M-major A)
+// dQ needs both consumers' dS^T (one barrier): at D = 128 each consumer computes half of D's columns over all 128
+// keys, at D = 64 they take turns at the whole tile (BwdTraits::kDqCols). The order keeps the tensor cores fed: P^T
+// once S^T is done (dP^T still running), dV's MMAs issued, dS^T beside them, then dQ's MMAs before dK's, so that
+// dQ's store to shared memory runs beside dK's MMAs (the general kernels, whose softcap needs the raw score beside
+// dP^T, wait for both first).
+//
+// Warp-specialized as the forward (fwd.cuh): a producer warpgroup copies, two consumer warpgroups compute. The
+// producer's first thread brings K and V once and each query tile's Q and dO by TMA (tma.cuh), its second warp the
+// tile's logsumexp and delta by cp.async (threads read them, not wgmma; zero-filled past the document), both on the
+// stage's full mbarrier; the consumers free a stage on its empty mbarrier, so that the next query tile's copies fly
+// while this one computes and the consumers meet only where dQ needs both halves of dS^T (double-buffered, so that
+// one barrier per tile suffices). dQ leaves as FA3's does: the consumers put their float32 parts into a swizzled
+// tile in shared memory and the producer's third warp adds the tile into dq_accum by TMA reductions, so that the
+// consumers issue no atomics.
+#pragma once
+
+#include <type_traits>
+
+#include "../sm80/bwd.cuh"
+#include "fwd.cuh"
+#include "tma.cuh"
+#include "warps.cuh"
+
+namespace legalpt::fa3 {
+
+template <typename T, int D>
+struct BwdTraits {
+  static constexpr int kHeadDim = D;
+  // Query rows per visited tile: the N of S^T's and dP^T's wgmma. 64: at D = 128 dK and dV take 64 x 128 each beside
+  // S^T and dP^T (64 x 64); at D = 64, 128 rows (S^T, dP^T 64 x 128) spill at the consumers' 240 registers.
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 128;  // keys per block: 64 per consumer, the M of every wgmma
+  static constexpr int kThreads = 384;  // the producer warpgroup, then two consumers
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kProducerRegisters = FwdTraits<T, D>::kProducerRegisters;  // the forward's split
+  static constexpr int kConsumerRegisters = FwdTraits<T, D>::kConsumerRegisters;
+  static constexpr int kKeyTileBytes = kBlockN * D * sizeof(T);    // K or V
+  static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
+  static constexpr int kDsBytes = kBlockN * kBlockM * sizeof(T);   // dS^T, one buffer
+  static constexpr int kDqBytes = kBlockM * D * sizeof(float);     // dQ of a query tile, float32
+  // dQ's split between the consumers. At D = 128 each computes all BM rows of its half of D's columns, over all BN
+  // keys (wgmma n64). At D = 64 halves would be n32 wgmmas, which read 3 KB of shared memory (A and B) per 16 of
+  // the tensor cores' cycles where n64 reads 4 KB per 32: there the consumers take turns, one computing the whole
+  // tile's dQ.
+  static constexpr int kDqCols = D == 128 ? D / 2 : D;
+  static constexpr bool kDqTurns = kDqCols == D;
+  // A query tile's logsumexp and delta (16 of each per thread) read from shared memory into registers while S^T and
+  // dP^T are computed, not after the waits, where their latency was the first P^T's and dS^T's (ncu at d64). At
+  // D = 128, where dK and dV take 64 x 128 each, those 32 registers spill.
+  static constexpr bool kStatsEarly = D == 64;
+  // Buffers of K and V: at D = 64 two, so that on persistent windows the next item's K and V land while this item
+  // computes (with one, its copies start only once the item's last MMAs are done). At D = 128 they would not fit.
+  static constexpr int kKvStages = D == 64 ? 2 : 1;
+  // mbarriers: per K and V buffer, its copies' (full) and its release (empty); per query stage likewise
+  static constexpr int kBarriers = 2 * kKvStages + 4;
+  // K and V (kKvStages times); Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes
+  // to align to the swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next
+  // item's Q and dO may land in the query stages meanwhile.
+  static constexpr int kSmem = 2 * kKvStages * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
+                               4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
+  static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
+  // An item's dK and dV leave through the two dS^T buffers where both fit (D = 64), else dV through dQ's, which
+  // must first wait for the dQ warp's last reduction to have read it.
+  static constexpr bool kDkvThroughDs = 2 * kDsBytes >= 2 * kKeyTileBytes;
+};
+
+// The backward's arguments: fa2's, and the tensor maps of its TMA copies (tma.cuh; boxes of kBlockM query rows,
+// kBlockN keys) and stores.
+struct BwdArgs {
+  Params p;
+  TensorMap q, dout, k, v;
+  TensorMap dk, dv;  // stores of whole key tiles (boxes of kBlockN rows)
+  TensorMap dq;      // reductions into dq_accum (float32, boxes of kBlockM rows)
+  int key_blocks, documents;  // items: key_blocks (split parts first) x documents x key heads
+};
+
+// Item i: a key tile, or a split key tile's part (fa2::bwd_kernel's blockIdx.x), of one document and key head; a
+// head's key tiles in turn, so that the blocks at work at once share its Q and dO in L2.
+// Every side of the block decodes its items here, so that all skip the same ones and visit the same pairs.
+struct BwdItem {
+  int n_blk, chunk, b, hk;  // chunk: the split tile's part, -1 for a whole tile
+  bool split;
+  Document doc;
+  int batch;     // the tensor maps' batch coordinate (map_batch)
+  bool skipped;  // the key tile starts past its document's end: no side does anything for it
+  fa2::BwdWork work;  // its first (query head, query tile) pair, if any
+};
+template <int BN>
+__device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
+  const Params& p = a.p;
+  const int x = i % a.key_blocks, rest = i / a.key_blocks, split_blocks = p.split_tiles * p.split_chunks;
+  BwdItem item{};
+  item.split = x < split_blocks;
+  item.n_blk = item.split ? x / p.split_chunks : x - split_blocks + p.split_tiles;
+  item.chunk = item.split ? x % p.split_chunks : -1;
+  item.b = rest % a.documents;
+  item.hk = rest / a.documents;
+  item.doc = fa2::document(p, item.b);
+  item.batch = map_batch(p, item.b);
+  item.skipped = item.n_blk * BN >= item.doc.lk;
+  item.work = {-1, 0, 0, 0, {}};
+  if (!item.skipped) fa2::advance(p, item.work, item.b, item.hk, item.n_blk, item.chunk);
+  return item;
+}
+
+// The dQ warp of the backward's producer, for one item: per visited query tile, once the consumers have stored its
+// dQ (BM x D, float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees
+// sdQ once they have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked
+// to 0). At D = 128 the warp meets the consumers at kDqFree once more at the item's end (a sync, so that it never
+// arrives a phase ahead): sdQ then carries the item's dV out (BwdTraits::kDkvThroughDs).
+template <typename Tr>
+__device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
+                                             const Document& doc, int b, int batch, int hk, int n_blk, int chunk) {
+  constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
+  const Params& p = a.p;
+  for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk)) {
+    named_arrive(kDqFree, Tr::kDqThreads);
+    named_sync(kDqStored, Tr::kDqThreads);
+    if (threadIdx.x % 32 == 0) {
+      const int h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) tma_reduce_add(a.dq, sdQ + c * BM * 128, 32 * c, h, row, batch);
+      bulk_commit();
+      bulk_wait_read<0>();  // the reductions have read sdQ
+    }
+    __syncwarp();
+  }
+  if constexpr (!Tr::kDkvThroughDs) named_sync(kDqFree, Tr::kDqThreads);
+}
+
+template <typename T, int D, bool kGeneral>  // kGeneral: as for fwd_kernel
+__global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
+  static_assert(D == 64 || D == 128, "the fa3 backward is instantiated for head dims 64 and 128");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a and the CPU emulation
+  using Tr = BwdTraits<T, D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, kConsumerThreads = Tr::kConsumerThreads;
+  const Params& p = a.p;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kKvStages = Tr::kKvStages, kKvBytes = 2 * Tr::kKeyTileBytes;
+  unsigned char* sKV = smem_raw + (-smem_addr(smem_raw) & 1023);  // kKvStages x (K, V), each (BN, D), swizzled
+  unsigned char* sQ0 = sKV + kKvStages * kKvBytes;                 // 2 x (BM, D)
+  unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
+  unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T; an item's dK at its end
+  unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled; an item's dV
+  float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);       // 2 x (BM) log2 domain
+  float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
+  uint64_t *kv_full = bars, *kv_empty = bars + kKvStages;  // per K and V buffer
+  uint64_t *q_full = kv_empty + kKvStages, *q_empty = q_full + 2;  // per query stage
+  const int items = a.key_blocks * a.documents * (p.heads / p.kv_group);
+  const int lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kKvStages; ++s) {
+      mbar_init(kv_full + s);
+      mbar_init(kv_empty + s, kConsumerThreads / 32);  // one arrival per consumer warp
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(q_full + s, 1 + 32);                      // the TMA thread's and the second warp's 32 lanes'
+      mbar_init(q_empty + s, kConsumerThreads / 32);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();  // the barriers are initialized; the warpgroups part here
+  // Every side walks the block's items (every gridDim.x-th: persistent where the host launches fewer blocks than
+  // items) and counts K/V's (n) and the query stages' (it) uses over all of them: the buffers' phases run on. An item
+  // whose key tile starts past its document's end is skipped by all; one that no query sees still stores zeros.
+
+  if (threadIdx.x < 128) {  // the producer: thread 0 issues the TMA copies, warp 1 the logsumexp's and delta's,
+    registers_down<Tr::kProducerRegisters>();  // warp 2 adds dQ into dq_accum
+    const int warp = threadIdx.x / 32;
+    if (warp > 2 || (warp == 0 && lane != 0) || (warp == 2 && p.deterministic)) return;
+    for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
+      BwdItem item = bwd_item<BN>(a, i);
+      if (item.skipped) continue;
+      const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk, batch = item.batch;
+      const Document& doc = item.doc;
+      fa2::BwdWork& work = item.work;
+      if (warp == 2) {
+        add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk);
+        continue;
+      }
+      if (warp == 0) {  // K and V once the last item's MMAs are done with them
+        const int kv = n % kKvStages;  // the buffer, free once item n - kKvStages's MMAs are done with it
+        if (n >= kKvStages) mbar_wait(kv_empty + kv, (n / kKvStages - 1) % 2);
+        unsigned char* sK = sKV + kv * kKvBytes;
+        mbar_expect(kv_full + kv, kKvBytes);
+        tma_load_tile<BN, D>(sK, a.k, hk, doc.k_start + n_blk * BN, batch, kv_full + kv);
+        tma_load_tile<BN, D>(sK + Tr::kKeyTileBytes, a.v, hk, doc.k_start + n_blk * BN, batch, kv_full + kv);
+      }
+      ++n;
+      // One query tile of one head into its stage, once the consumers have freed it (two tiles ago). Q and dO: rows
+      // past the document hold the next one's or zeros (the tile is partial, its mask zeroes their P, the consumers
+      // zero those rows); logsumexp and delta: zero-filled there.
+      for (; work.g < p.kv_group; ++it) {
+        const int stage = it % 2, h = hk * p.kv_group + work.g, row = doc.q_start + work.tile * BM;
+        if (it >= 2) mbar_wait(q_empty + stage, (it / 2 - 1) % 2);
+        if (warp == 0) {
+          mbar_expect(q_full + stage, 2 * Tr::kQueryTileBytes);
+          tma_load_tile<BM, D>(sQ0 + stage * Tr::kQueryTileBytes, a.q, h, row, batch, q_full + stage);
+          tma_load_tile<BM, D>(sdO0 + stage * Tr::kQueryTileBytes, a.dout, h, row, batch, q_full + stage);
+        } else {
+          const int valid = doc.lq - work.tile * BM;
+#pragma unroll
+          for (int r = lane; r < BM; r += 32) {
+            const int64_t at = b * p.lse_batch_stride + h * p.lse_head_stride + row + r;
+            cp_async4(sLse0 + stage * BM + r, p.lse_log2 + at, r < valid);
+            cp_async4(sDelta0 + stage * BM + r, p.delta + at, r < valid);
+          }
+          cp_async_arrive(q_full + stage);
+        }
+        fa2::advance(p, work, b, hk, n_blk, chunk);
+      }
+    }
+    return;
+  }
+
+  registers_up<Tr::kConsumerRegisters>();
+  const int wg = threadIdx.x / 128 - 1, thread = threadIdx.x - 128;  // the consumer, and the thread among them
+  const int key0 = 64 * wg + 16 * (threadIdx.x / 32 % 4);  // the warp's first key in the tile (+ lane / 4, + 8)
+  // Rows [valid, ROWS) of the tiles at `x` and `y` (landed) zeroed by both consumers, which meet there
+  const auto zero_past_document = [&](auto rows, unsigned char* x, unsigned char* y, int valid) {
+    zero_rows<decltype(rows)::value, D, kConsumerThreads>(x, valid, thread);
+    zero_rows<decltype(rows)::value, D, kConsumerThreads>(y, valid, thread);
+    fence_proxy_async();
+    named_sync(kConsumersSync, kConsumerThreads);
+  };
+
+  // The consumer's 64 keys of K and V as A operands (K-major), the dQ operands (M-major dS^T, N-major K)
+  // (the first buffer's: an item adds its buffer's offset)
+  const uint64_t k_desc0 = descriptor(smem_addr(sKV) + 64 * wg * 128);
+  const uint64_t v_desc0 = descriptor(smem_addr(sKV + Tr::kKeyTileBytes) + 64 * wg * 128);
+  constexpr int kDqCols = Tr::kDqCols;
+  const int dq_col0 = Tr::kDqTurns ? 0 : kDqCols * wg;
+  const uint64_t ds_desc = descriptor(smem_addr(sdS0));  // dS^T's BM = 64 queries: one panel
+  // K's columns [dq_col0, dq_col0 + kDqCols): their panel, and 2 bytes a column into its lines (the swizzle is
+  // applied to the address, as for the K-major operands' 32-byte steps)
+  const uint64_t kt_desc0 = descriptor(smem_addr(sKV) + (dq_col0 / 64) * BN * 128 + (dq_col0 % 64) * 2);
+  // Whether an item's TMA store of dK and dV may still be reading sdS and sdQ. The consumers wait for it (its issuing
+  // thread, then a barrier) only before they next write either, so that the next item's first MMAs run meanwhile.
+  bool storing = false;
+  const auto settle = [&] {
+    if (storing) {
+      if (thread == 0) bulk_wait_read<0>();
+      named_sync(kConsumersSync, kConsumerThreads);
+      storing = false;
+    }
+  };
+
+  for (int i = blockIdx.x, n = 0, it = 0; i < items; i += gridDim.x) {
+    BwdItem item = bwd_item<BN>(a, i);
+    if (item.skipped) continue;
+    const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk, batch = item.batch;
+    const bool split = item.split;
+    const Document& doc = item.doc;
+    fa2::BwdWork& work = item.work;
+    float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
+    fa2::BwdWork next = work;  // read an iteration ahead: its tile index comes from global memory
+    fa2::advance(p, next, b, hk, n_blk, chunk);
+    const int kv = n % kKvStages;
+    unsigned char* sK = sKV + kv * kKvBytes;
+    const uint64_t k_desc = k_desc0 + kv * kKvBytes / 16, v_desc = v_desc0 + kv * kKvBytes / 16;
+    const uint64_t kt_desc = kt_desc0 + kv * kKvBytes / 16;
+    mbar_wait(kv_full + kv, n / kKvStages % 2);
+    if (p.cu_seqlens_k != nullptr && (n_blk + 1) * BN > doc.lk) {
+      zero_past_document(std::integral_constant<int, BN>{}, sK, sK + Tr::kKeyTileBytes, doc.lk - n_blk * BN);
+    }
+    for (; work.g < p.kv_group; ++it) {
+      const int stage = it % 2;
+      mbar_wait(q_full + stage, (it / 2) % 2);  // the stage's Q, dO, logsumexp and delta
+      if (p.cu_seqlens_q != nullptr && (work.tile + 1) * BM > doc.lq) {
+        zero_past_document(std::integral_constant<int, BM>{}, sQ0 + stage * Tr::kQueryTileBytes,
+                           sdO0 + stage * Tr::kQueryTileBytes, doc.lq - work.tile * BM);
+      }
+      const int h = hk * p.kv_group + work.g, m_blk = work.tile;
+      const uint32_t sq = smem_addr(sQ0 + stage * Tr::kQueryTileBytes), sdo = smem_addr(sdO0 + stage * Tr::kQueryTileBytes);
+      const uint64_t q_desc = descriptor(sq), do_desc = descriptor(sdo);  // K-major: B of S^T and dP^T
+      const uint64_t q_desc_n = descriptor(sq, BM * 128), do_desc_n = descriptor(sdo, BM * 128);  // N-major: of dK, dV
+
+      float st[BM / 8][4], dpt[BM / 8][4];  // S^T and dP^T: rows key0 + lane / 4 (+8), queries 8 n + 2 (lane % 4) (+1)
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {  // 16 columns of D are 32 bytes of a line; 64 columns a panel
+        const int at = (kk % 4) * 32;
+        wgmma_ss<T, BM>(st, k_desc + ((kk / 4) * BN * 128 + at) / 16, q_desc + ((kk / 4) * BM * 128 + at) / 16, kk > 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int at = (kk % 4) * 32;
+        wgmma_ss<T, BM>(dpt, v_desc + ((kk / 4) * BN * 128 + at) / 16, do_desc + ((kk / 4) * BM * 128 + at) / 16,
+                        kk > 0);
+      }
+      wgmma_commit();
+      const float* lse = sLse0 + stage * BM;
+      const float* delta = sDelta0 + stage * BM;
+      auto query = [&](int n, int c) { return 8 * n + 2 * (lane % 4) + c % 2; };  // the query of st[n][c] in the tile
+      const bool partial = work.t < work.vis.partial;
+      // The pair after next: its tile index comes from global memory, read while the MMAs run (ptxas moves it to
+      // a uniform register at once, which waits for the load)
+      fa2::BwdWork after = next;
+      fa2::advance(p, after, b, hk, n_blk, chunk);
+      // The thread's queries' logsumexp and delta (BwdTraits::kStatsEarly)
+      float lse_q[BM / 8][2], delta_q[BM / 8][2];
+      if constexpr (Tr::kStatsEarly) {
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) lse_q[n][c] = lse[query(n, c)], delta_q[n][c] = delta[query(n, c)];
+      }
+      const auto lse_of = [&](int n, int c) { return Tr::kStatsEarly ? lse_q[n][c % 2] : lse[query(n, c)]; };
+      const auto delta_of = [&](int n, int c) { return Tr::kStatsEarly ? delta_q[n][c % 2] : delta[query(n, c)]; };
+      uint32_t pa[BM / 16][4], dsa[BM / 16][4];  // P^T and dS^T as A fragments, 16 queries each
+      if constexpr (kGeneral) {  // softcap's dS needs the raw score beside dP^T: both first
+        wgmma_wait<0>();
+        pin<BM / 8>(st);
+        pin<BM / 8>(dpt);
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse_of(n, c), delta_of(n, c));
+          }
+        if (partial) {
+          fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+                                             [&](int n, int c) { st[n][c] = dpt[n][c] = 0.f; });
+        }
+      } else {  // P^T while dP^T is still computed; masked P^T is 0, and so is its dS^T
+        wgmma_wait<1>();
+        pin<BM / 8>(st);
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse_of(n, c));
+        if (partial) {
+          fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+                                             [&](int n, int c) { st[n][c] = 0.f; });
+        }
+      }
+      to_fragments<T, BM>(st, pa);
+      pin<D / 8>(dv[0]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)  // dV += P^T dO, 16 queries: 16 lines of every panel
+        wgmma_rs<T, D>(dv[0], pa[kk], do_desc_n + (kk * 16 * 128) / 16);
+      wgmma_commit();
+      if constexpr (!kGeneral) {  // dS^T while dV's MMAs run
+        wgmma_wait<1>();
+        pin<BM / 8>(dpt);
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta_of(n, c));
+      }
+      to_fragments<T, BM>(dpt, dsa);
+
+      auto dk_grads = [&] {  // dK += dS^T Q
+        pin<D / 8>(dk[0]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<T, D>(dk[0], dsa[kk], q_desc_n + (kk * 16 * 128) / 16);
+        wgmma_commit();
+      };
+      if (p.deterministic) {
+        dk_grads();
+      } else {  // dQ's MMAs before dK's, so that its store runs beside dK's MMAs
+        // dS^T's buffer it % 2: the other consumer read the tile before it (it - 2) before it stored the last one's
+        settle();
+        store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
+        fence_proxy_async();
+        named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
+        float dq[1][kDqCols / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
+        const uint64_t ds = ds_desc + stage * Tr::kDsBytes / 16;
+        const bool my_dq = !Tr::kDqTurns || it % 2 == wg;  // this consumer computes (its part of) the tile's dQ
+        if (my_dq) {
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
+            wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
+          wgmma_commit();
+        }
+        dk_grads();
+        wgmma_wait<1>();  // dV's and dQ's (if this consumer computed it)
+        pin<kDqCols / 8>(dq[0]);
+        named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
+        if (my_dq) store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
+        fence_proxy_async();
+        named_arrive(kDqStored, Tr::kDqThreads);
+      }
+      wgmma_wait<0>();
+      pin<D / 8>(dk[0]);
+      pin<D / 8>(dv[0]);
+      if (lane == 0) mbar_arrive(q_empty + stage);  // the warp is done with the stage
+      work = next;
+      next = after;
+    }
+    if (lane == 0) mbar_arrive(kv_empty + kv);  // the warp's MMAs are done with K and V: a later item's may come
+    ++n;
+    // The item's dK and dV (2 x (BN, D)) go out through the dS^T buffers, and at D = 128 dV through dQ's, while the
+    // next item's Q and dO land in the query stages and its first MMAs run. The last tile's kDqFree has ordered
+    // both consumers' dQ MMAs (done with sdS) before it; at D = 128 the consumers meet the dQ warp there once more,
+    // for its last reduction to have read sdQ. A whole key tile goes out by TMA (128-byte lines instead of every
+    // thread's 4-byte stores); a tile past a varlen document's end and a split tile's part (float32 sums) keep
+    // fa2's stores.
+    if constexpr (!Tr::kDkvThroughDs) {
+      if (!p.deterministic) named_sync(kDqFree, Tr::kDqThreads);
+    }
+    if (!split && (p.cu_seqlens_k == nullptr || (n_blk + 1) * BN <= doc.lk)) {
+      static_assert(2 * Tr::kDsBytes >= Tr::kKeyTileBytes && Tr::kDqBytes >= Tr::kKeyTileBytes,
+                    "dK fits the dS^T buffers and dV dQ's");
+      unsigned char* sdV = Tr::kDkvThroughDs ? sdS0 + Tr::kDsBytes : sdQ;
+      settle();
+      store_swizzled<T, BN, D>(sdS0, dk[0], key0);
+      store_swizzled<T, BN, D>(sdV, dv[0], key0);
+      fence_proxy_async();
+      named_sync(kConsumersSync, kConsumerThreads);  // both consumers' rows are stored
+      if (thread == 0) {
+        tma_store_tile<BN, D>(a.dk, sdS0, hk, doc.k_start + n_blk * BN, batch);
+        tma_store_tile<BN, D>(a.dv, sdV, hk, doc.k_start + n_blk * BN, batch);
+        bulk_commit();
+      }
+      storing = true;
+    } else {
+      fa2::store_dkv<T, 1, D, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, 0, split);
+    }
+  }
+  if (thread == 0) bulk_wait_read<0>();  // before the block's shared memory goes
+#elif defined(__CUDA_ARCH__)
+  __trap();  // another target's code: fa3.check never launches it there, and it must not pass silently
+#endif
+}
+
+}  // namespace legalpt::fa3

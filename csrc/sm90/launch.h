@@ -1,0 +1,81 @@
+// Host side of the FA3 path (wgmma and TMA, sm90a): the tensor maps, the 1-D grids over work items and the launches
+// of the forward and backward over a Problem, through a Launch policy (as csrc/sm80/launch.h). The backward's split
+// key tiles and deterministic dQ pass are the FA2 path's. Instantiated at head dims 64 and 128.
+#pragma once
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "../sm80/launch.h"
+#include "bwd.cuh"
+#include "fwd.cuh"
+
+namespace legalpt::fa3 {
+
+inline TensorMap tensor_map(const TensorDesc& t, int box_rows) {
+  return make_tensor_map(t.ptr, t.element, t.dims, t.strides, box_rows);
+}
+
+// Whether the items (query tiles in the forward, key tiles in the backward) all cost about alike, so that persistent
+// blocks (one per processor, each taking every processor-th item) finish together: a sliding window without global
+// tokens, layout or documents. Elsewhere (causal, varlen) the items' lengths differ by up to the whole sequence, and
+// blocks that take every processor-th item in turn finish far apart (causal 16k: +50% forward time), so each item
+// gets a block of its own, as in a plain grid.
+inline bool balanced_items(const Problem& pb) {
+  const MaskParams& m = pb.p.mask;
+  const bool window = m.left >= 0 && (m.causal || m.right >= 0);
+  return window && m.global_tokens == 0 && m.layout == nullptr && !pb.varlen;
+}
+
+// The 1-D grid over the work items (tiles x documents x heads): one block per processor where persistent
+// (balanced_items), else one per item. The blocks step through the items by gridDim.x in int, so blockIdx.x +
+// gridDim.x must stay below 2^31.
+template <typename Launch>
+dim3 item_grid(const Launch& launch, int64_t items, bool persistent, const char* kernel) {
+  if (items >= (int64_t{1} << 30)) {
+    throw std::runtime_error(std::string("fa3 ") + kernel + ": " + std::to_string(items) +
+                             " work items (tiles x documents x heads), at most 2^30 are supported; split the batch");
+  }
+  return dim3(static_cast<unsigned>(persistent ? std::min<int64_t>(items, launch.processors()) : items));
+}
+
+template <typename T, int D, bool kGeneral, typename Launch>
+void run_fwd(const Problem& pb, const Launch& launch) {
+  using Tr = FwdTraits<T, D>;
+  const int m_tiles = (pb.p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const FwdArgs args{pb.p,
+                     tensor_map(pb.q, Tr::kBlockM),
+                     tensor_map(pb.k, Tr::kBlockN),
+                     tensor_map(pb.v, Tr::kBlockN),
+                     tensor_map(pb.o, Tr::kConsumerRows),
+                     m_tiles,
+                     pb.documents};
+  const dim3 grid = item_grid(launch, int64_t{m_tiles} * pb.documents * pb.p.heads, balanced_items(pb), "forward");
+  if (grid.x > 0) launch(fwd_kernel<T, D, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
+}
+
+template <typename T, int D, bool kGeneral, typename Launch>
+void run_bwd(const Problem& pb, const Launch& launch) {
+  using Tr = BwdTraits<T, D>;
+  static_assert(Tr::kBlockN == fa2::BwdTraits<T, D>::kBlockN, "split_dkv_kernel and the grid assume fa2's key tiles");
+  const BwdArgs args{pb.p,
+                     tensor_map(pb.q, Tr::kBlockM),
+                     tensor_map(pb.o, Tr::kBlockM),
+                     tensor_map(pb.k, Tr::kBlockN),
+                     tensor_map(pb.v, Tr::kBlockN),
+                     tensor_map(pb.dk, Tr::kBlockN),
+                     tensor_map(pb.dv, Tr::kBlockN),
+                     tensor_map(pb.dq_accum, Tr::kBlockM),
+                     fa2::key_blocks<D>(pb.p),
+                     pb.documents};
+  // Persistent where the key tiles cost alike: the next item's K, V, Q and dO load while this one's last tile and
+  // its dK, dV store run
+  const dim3 grid =
+      item_grid(launch, int64_t{args.key_blocks} * pb.documents * pb.kv_heads, balanced_items(pb), "backward");
+  if (grid.x > 0) launch(bwd_kernel<T, D, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
+  fa2::run_split_dkv<T, D>(pb, launch);
+  if (pb.p.deterministic) fa2::run_dq<T, D, kGeneral>(pb, launch);
+}
+
+}  // namespace legalpt::fa3

@@ -1,0 +1,169 @@
+"""The `fa2` and `fa3` backends: our CUDA kernels (csrc/) behind the attention custom ops.
+
+fa2 runs the FA2 path (mma.sync, sm80+, every head dim up to 256). fa3 runs the FA3 path (wgmma and TMA, Hopper) at
+head dims 64 and 128, and so at the head dims zero-padded to them (33-63, 97-127); at the others (up to 32, 65-96,
+129-256) it runs the FA2 path, as does its deterministic backward's dQ pass. Both come from one extension
+(kernels.py).
+
+`check` tests what only the kernels need (dtype, head dim, grid limits) and whether the machine can run them (decided
+once per device, head dim, dtype and path: kernels.unavailable_reason). `forward` and `backward` pad head dims that
+have no instantiation, build the block-sparse schedules (blocks.py, cached per shape) and launch. The backward runs
+a preprocessing kernel (delta = rowsum(dO * O) - dlse, the logsumexp in log2), accumulates dQ in float32 (atomics,
+or a separate dQ pass when deterministic) and converts it. The key tiles of global tokens, which every query tile
+visits, have their backward split over several blocks (`_split`), so that one block does not hold up the whole pass.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from legalpt.attention import build, kernels
+from legalpt.attention.backends.base import AttentionBatch
+from legalpt.attention.blocks import BlockSchedule, schedule_for
+from legalpt.attention.ops import KernelBackend
+
+DTYPES = (torch.bfloat16, torch.float16)
+MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's y and z sizes: the FA2 path puts documents on y, heads on z
+# Query tiles of each query head one backward block visits at most in a split key tile (a GQA group's block visits
+# that many per head of the group): at 64k tokens the global keys' tile would otherwise visit 1024 query tiles in
+# one block, as long as all other blocks of an SM together (global + window 1024 took 14.3 ms fwd+bwd against 8.7
+# for the window alone; 9.4 with the split).
+SPLIT_VISITS = 32
+
+
+class CudaBackend(KernelBackend):
+    """Our kernels on the FA2 path (sm90=False) or the FA3 path where it has them (sm90=True)."""
+
+    def __init__(self, name: str, sm90: bool) -> None:
+        self.name, self.sm90 = name, sm90
+
+    def check(self, batch: AttentionBatch) -> None:
+        """ValueError naming what keeps these kernels from running `batch` here (before any launch)."""
+        q = batch.q
+        if q.device.type != "cuda":  # said first: the inputs' other properties matter only on a GPU
+            raise ValueError(
+                f"backend: {self.name} cannot run here: it needs a CUDA device and the inputs are on {q.device.type}"
+            )
+        check_inputs(batch, self.name)
+        reason = kernels.unavailable_reason(q.device, q.shape[-1], q.dtype, self.sm90)
+        if reason is not None:
+            raise ValueError(f"backend: {self.name} cannot run here: {reason}")
+
+    def forward(self, batch: AttentionBatch) -> tuple[Tensor, Tensor]:
+        self.check(batch)
+        q, mask = batch.q, batch.mask
+        ext, head_dim = kernels.extension(), q.shape[-1]
+        padded = kernels.padded_head_dim(head_dim, ext.head_dims)
+        tile, _ = ext.tiles(padded, self.sm90)
+        qk, kk, vk = (_kernel_layout(x, padded) for x in (batch.q, batch.k, batch.v))
+        out = torch.empty_like(qk)
+        lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
+        schedule = _schedule(batch, tile, transposed=False)
+        ext.forward(
+            qk, kk, vk, out, lse, batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k,
+            schedule.counts, schedule.indices, _layout(batch), mask.ints(), batch.softmax_scale, batch.softcap,
+            self.sm90,
+        )  # fmt: skip
+        return _unpad(out, head_dim), lse
+
+    def backward(
+        self, batch: AttentionBatch, out: Tensor, lse: Tensor, dout: Tensor, dlse: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        self.check(batch)
+        q = batch.q
+        ext, head_dim = kernels.extension(), q.shape[-1]
+        padded = kernels.padded_head_dim(head_dim, ext.head_dims)
+        _, tile = ext.tiles(padded, self.sm90)  # the backward's
+        qk, kk, vk, dok = (_kernel_layout(x, padded) for x in (batch.q, batch.k, batch.v, dout))
+        lse = lse.contiguous()
+        delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
+        dq_accum = torch.empty(qk.shape, device=q.device, dtype=torch.float32)  # zeroed by prepare
+        ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta, dq_accum)
+        dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (kk, vk))  # contiguous, as ops promise
+        split_tiles, split_chunks = _split(batch, tile)
+        rows = split_tiles * tile[1]  # (documents, rows, key heads, dK and dV)
+        dkv_split = torch.zeros((batch.documents, rows, kk.shape[-2], 2 * padded), device=q.device, dtype=torch.float32)
+        by_key_tile = _schedule(batch, tile, transposed=True)
+        by_query_tile = by_key_tile  # deterministic: dQ gets its own pass over the FA2 forward's tiles
+        if batch.deterministic:
+            by_query_tile = _schedule(batch, ext.tiles(padded, False)[0], transposed=False)
+        ext.backward(
+            dok, qk, kk, vk, lse_log2, delta, dq_accum, dk, dv, batch.cu_seqlens_q, batch.cu_seqlens_k,
+            batch.max_seqlen_q, batch.max_seqlen_k, by_key_tile.counts, by_key_tile.indices, _layout(batch),
+            batch.mask.ints(), batch.softmax_scale, batch.softcap, by_query_tile.counts, by_query_tile.indices,
+            batch.deterministic, split_tiles, split_chunks, dkv_split, self.sm90,
+        )  # fmt: skip
+        return _unpad(dq_accum.to(q.dtype), head_dim), _unpad(dk, head_dim), _unpad(dv, head_dim)
+
+
+def check_inputs(batch: AttentionBatch, backend: str) -> None:
+    """The part of `CudaBackend.check` about the inputs alone (dtype, head dim, grid limits), whatever the device."""
+    q = batch.q
+    if q.dtype not in DTYPES:
+        raise ValueError(f"q: the {backend} backend supports bfloat16 and float16, got {q.dtype}")
+    if kernels.padded_head_dim(q.shape[-1]) is None:
+        raise ValueError(f"q: the {backend} backend supports head_dim <= {build.HEAD_DIMS[-1]}, got {q.shape[-1]}")
+    if batch.documents > MAX_GRID_YZ:
+        name = "cu_seqlens_q" if batch.varlen else "q"
+        raise ValueError(
+            f"{name}: the {backend} kernels take at most {MAX_GRID_YZ} documents (batch rows) per call, got "
+            f"{batch.documents}; split the batch"
+        )
+    if q.shape[-2] > MAX_GRID_YZ:
+        raise ValueError(f"q: the {backend} kernels take at most {MAX_GRID_YZ} heads, got {q.shape[-2]}")
+
+
+def _schedule(batch: AttentionBatch, tile: tuple[int, int], transposed: bool) -> BlockSchedule:
+    return schedule_for(
+        batch.mask, batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k, tile,
+        transposed=transposed, device=batch.q.device,
+    )  # fmt: skip
+
+
+def _split(batch: AttentionBatch, tile: tuple[int, int]) -> tuple[int, int]:
+    """(key tiles, blocks each) of the backward's split: the tiles holding the global keys, each over enough
+    blocks that none visits more than SPLIT_VISITS query tiles per query head. Their dK/dV parts are added in
+    float32, in no fixed order, so `deterministic` never splits. (0, 1): no split."""
+    tq, tk = tile
+    global_tokens = batch.mask.global_tokens
+    chunks = -(-batch.max_seqlen_q // (tq * SPLIT_VISITS))  # ceil(query tiles / SPLIT_VISITS)
+    if batch.deterministic or global_tokens == 0 or chunks < 2:
+        return 0, 1
+    return min(-(-global_tokens // tk), -(-batch.max_seqlen_k // tk)), chunks
+
+
+def _unpad(x: Tensor, head_dim: int) -> Tensor:
+    """The first head_dim columns, contiguous as the custom ops promise (a copy only for padded head dims)."""
+    return x if x.shape[-1] == head_dim else x[..., :head_dim].contiguous()
+
+
+def _last_contiguous(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _contiguous(x: Tensor | None) -> Tensor | None:
+    return None if x is None else x.contiguous()
+
+
+def _kernel_layout(x: Tensor, head_dim: int) -> Tensor:
+    """x zero-padded to the kernel's head dim, with what the kernels need: a contiguous last dimension, strides and
+    a start aligned to 16 bytes (a copy only when the input lacks them)."""
+    if x.shape[-1] != head_dim:
+        return F.pad(x, (0, head_dim - x.shape[-1]))
+    aligned = x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:-1]) and x.data_ptr() % 16 == 0
+    return x if aligned else x.contiguous()
+
+
+def _lse_shape(q: Tensor) -> tuple[int, ...]:
+    return (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (q.shape[1], q.shape[0])
+
+
+def _layout(batch: AttentionBatch) -> Tensor | None:
+    layout = batch.mask.layout4d()
+    return None if layout is None else layout.to(torch.uint8).contiguous()
+
+
+FA2 = CudaBackend("fa2", sm90=False)
+FA3 = CudaBackend("fa3", sm90=True)
