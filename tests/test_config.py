@@ -135,7 +135,7 @@ def test_typed_configs_are_checked_too():
 
 def test_choices_agree_with_the_modules_that_act_on_them():
     from legalpt import hf, model
-    from legalpt.data.sources import KINDS
+    from legalpt.data.kinds import KINDS
     from legalpt.data.tokenizer import check_vocab_size
     from legalpt.eval.choice import LAYOUTS
     from legalpt.eval.report import TASKS
