@@ -4,7 +4,8 @@ Everything else about the package is in pyproject.toml. The kernels build when t
 (`pip install --no-build-isolation .`, so that the build sees the installed torch); elsewhere the package installs
 without them, and its CPU paths need none. What is built, and the environment variables that choose it
 (LEGALPT_CUDA_ARCHS, LEGALPT_HEAD_DIMS, LEGALPT_SKIP_CUDA_BUILD, MAX_JOBS): legalpt/attention/build.py.
-The sources travel in sdists and wheels as the package `legalpt._csrc`, for the JIT developer build.
+The sources travel in sdists and wheels as the package `legalpt._csrc` (for the JIT developer build), the Hydra
+configs as `legalpt._conf`.
 """
 
 import importlib.util
@@ -55,6 +56,7 @@ ext_modules, cmdclass = _cuda_extension()
 setup(
     ext_modules=ext_modules,
     cmdclass=cmdclass,
-    packages=[*find_packages(include=["legalpt*"]), "legalpt._csrc"],
-    package_dir={"legalpt._csrc": "csrc"},
+    # csrc/ and conf/ travel inside the package, so that an installed legalpt finds its sources and its Hydra configs
+    packages=[*find_packages(include=["legalpt*"]), "legalpt._csrc", "legalpt._conf"],
+    package_dir={"legalpt._csrc": "csrc", "legalpt._conf": "conf"},
 )

@@ -22,7 +22,9 @@ from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the YAML groups shipped with the repository
+# The YAML groups: conf/ of a source checkout, else the copy an installed package carries (setup.py)
+_CHECKOUT_CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = _CHECKOUT_CONF if _CHECKOUT_CONF.is_dir() else Path(__file__).resolve().parent / "_conf"
 
 # Choices of the enum fields. The modules named beside them act on them and hold the same tuples (kept equal by
 # tests/test_config.py); they are repeated here so that checking a config imports none of those modules.

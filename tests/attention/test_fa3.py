@@ -1,4 +1,4 @@
-"""The fa3 backend (issue 3: forward and backward on Hopper's wgmma, csrc/fa3) on a GPU run of its own: test_fa2.py's
+"""The fa3 backend (forward and backward on Hopper's wgmma, csrc/sm90) on a GPU run of its own: test_fa2.py's
 cases at the head dims that run fa3's kernels (64 and 128, and 36 padded to 64; every mask, both dtypes, odd and
 unequal lengths, GQA and MQA, softcap, strided inputs, deterministic dQ), rows that see no key, varlen packs, split
 global key tiles and FlexAttention as a second reference, all through test_fa2.py's checks (out, lse, dq, dk, dv)
@@ -24,7 +24,7 @@ CASES = [case for case in base._cases() if kernels.padded_head_dim(case.head_dim
 @pytest.fixture(autouse=True)
 def _on_fa3(monkeypatch, rng) -> None:
     """The backend under test is fa3 (on a Hopper GPU), with fresh inputs seeded by tests/conftest.py's rng."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0) or not kernels.has_fa3():
+    if not torch.cuda.is_available() or kernels.unavailable_reason(torch.device("cuda"), 64, torch.bfloat16, True):
         pytest.skip("the fa3 kernels need a Hopper GPU (sm90) and an sm_90a build (LEGALPT_CUDA_ARCHS with 90)")
     monkeypatch.setattr(base, "BACKEND", "fa3")
 
