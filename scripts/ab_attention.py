@@ -1,4 +1,4 @@
-"""A/B of the attention kernels at several commits in one call: the comparison that decides between close variants.
+"""A/B of the attention kernels at several commits in one run: the comparison that decides between close variants.
 
 Each commit is checked out into its own git worktree (detached, under --work) and builds its kernels into its own
 cache (LEGALPT_KERNEL_CACHE), all commits in parallel. Then this checkout's scripts/bench_attention.py runs once per
@@ -73,12 +73,16 @@ def checkout(sha: str, tree: Path) -> None:
     git("worktree", "add", "--detach", str(tree), sha)
 
 
-def environment(tree: Path, work: Path, label: str) -> dict[str, str]:
-    """The tree's legalpt first on the path, a kernel cache of its own (by label: an export and a worktree of one
-    commit share it), and the records' note that they measured this tree, not the checkout's commit."""
+def environment(tree: Path, work: Path, label: str, dims: tuple[int, ...]) -> dict[str, str]:
+    """The tree's legalpt first on the path, its kernels JIT-built (LEGALPT_JIT, at the benchmark's head dims) into
+    a cache of its own (by label: an export and a worktree of one commit share it), and the records' note that they
+    measured this tree, not the checkout's commit."""
     path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
     code = f"code of {label} (scripts/ab_attention.py)"
-    return dict(os.environ, PYTHONPATH=path, LEGALPT_KERNEL_CACHE=str(work / "cache" / label), LEGALPT_BENCH_CODE=code)
+    return dict(
+        os.environ, PYTHONPATH=path, LEGALPT_KERNEL_CACHE=str(work / "cache" / label), LEGALPT_BENCH_CODE=code,
+        LEGALPT_JIT="1", LEGALPT_HEAD_DIMS=";".join(map(str, dims)),
+    )  # fmt: skip
 
 
 def head_dims(bench_args: list[str]) -> tuple[int, ...]:
@@ -90,10 +94,14 @@ def head_dims(bench_args: list[str]) -> tuple[int, ...]:
 
 
 def build_kernels(trees: dict[str, Path], work: Path, dims: tuple[int, ...]) -> None:
-    """Every tree's kernels by its own kernels.build_all, the trees in parallel processes."""
-    code = f"from legalpt.attention.kernels import build_all; print('built', build_all({dims!r}))"
+    """Every tree's kernels by its own loader (kernels.extension in JIT mode; trees from before the build at install
+    have kernels.build_all), the trees in parallel processes."""
+    code = (
+        "from legalpt.attention import kernels\n"
+        f"print('built', kernels.build_all({dims!r}) if hasattr(kernels, 'build_all') else kernels.extension())"
+    )
     builds = {
-        label: subprocess.Popen([sys.executable, "-c", code], env=environment(tree, work, label), cwd=tree)
+        label: subprocess.Popen([sys.executable, "-c", code], env=environment(tree, work, label, dims), cwd=tree)
         for label, tree in trees.items()
     }
     if failed := [label for label, build in builds.items() if build.wait()]:
@@ -172,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     made: list[Path] = []
     try:
         trees = sources(args.commits, work, made)
+        dims = head_dims(args.bench_args)
         if "--device" not in args.bench_args or args.bench_args[args.bench_args.index("--device") + 1] == "cuda":
-            build_kernels(dict(trees), work, head_dims(args.bench_args))
+            build_kernels(dict(trees), work, dims)
         runs = []
         for n, (label, tree) in enumerate(trees):
             out = work / "runs" / f"{n}-{label}"
@@ -182,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 old.unlink()
             print(f"\n== {n}:{label} ({args.commits[n]})", flush=True)
             command = [sys.executable, str(BENCH), *args.bench_args, "--out", str(out)]
-            if subprocess.run(command, env=environment(tree, work, label)).returncode:
+            if subprocess.run(command, env=environment(tree, work, label, dims)).returncode:
                 raise SystemExit(f"the benchmark of {n}:{label} failed (its output is above)")
             runs.append(load_rows(out))
     finally:

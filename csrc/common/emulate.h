@@ -8,7 +8,7 @@
 // Each CUDA thread of a block is a fiber (ucontext) on one OS thread. __syncthreads and the warp-collective
 // instructions (ldmatrix, mma.sync, shuffles) are barriers between fibers; the collectives exchange their operands
 // through per-warp scratch between two warp barriers, exactly as the hardware distributes fragments over lanes.
-// wgmma (csrc/sm90/wgmma.cuh) does the same over a warpgroup, and runs at its issue (the wait is then a no-op).
+// wgmma (csrc/sm90/wgmma.cuh) does the same over a warpgroup, and runs when a wait for its group returns.
 // Blocks run one after another.
 #pragma once
 
