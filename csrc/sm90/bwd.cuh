@@ -25,7 +25,7 @@
 
 #include <type_traits>
 
-#include "../sm80/bwd.cuh"
+#include "../common/backward.cuh"
 #include "fwd.cuh"
 #include "tma.cuh"
 #include "warps.cuh"
@@ -92,7 +92,7 @@ struct BwdItem {
   Document doc;
   int batch;     // the tensor maps' batch coordinate (map_batch)
   bool skipped;  // the key tile starts past its document's end: no side does anything for it
-  fa2::BwdWork work;  // its first (query head, query tile) pair, if any
+  BwdWork work;  // its first (query head, query tile) pair, if any
 };
 template <int BN>
 __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
@@ -104,11 +104,11 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
   item.chunk = item.split ? x % p.split_chunks : -1;
   item.b = rest % a.documents;
   item.hk = rest / a.documents;
-  item.doc = fa2::document(p, item.b);
+  item.doc = document(p, item.b);
   item.batch = map_batch(p, item.b);
   item.skipped = item.n_blk * BN >= item.doc.lk;
   item.work = {-1, 0, 0, 0, {}};
-  if (!item.skipped) fa2::advance(p, item.work, item.b, item.hk, item.n_blk, item.chunk);
+  if (!item.skipped) advance(p, item.work, item.b, item.hk, item.n_blk, item.chunk);
   return item;
 }
 
@@ -118,11 +118,11 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
 // to 0). At D = 128 the warp meets the consumers at kDqFree once more at the item's end (a sync, so that it never
 // arrives a phase ahead): sdQ then carries the item's dV out (BwdTraits::kDkvThroughDs).
 template <typename Tr>
-__device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, fa2::BwdWork work, const unsigned char* sdQ,
+__device__ __forceinline__ void add_dq_tiles(const BwdArgs& a, BwdWork work, const unsigned char* sdQ,
                                              const Document& doc, int b, int batch, int hk, int n_blk, int chunk) {
   constexpr int BM = Tr::kBlockM, D = Tr::kHeadDim;
   const Params& p = a.p;
-  for (; work.g < p.kv_group; fa2::advance(p, work, b, hk, n_blk, chunk)) {
+  for (; work.g < p.kv_group; advance(p, work, b, hk, n_blk, chunk)) {
     named_arrive(kDqFree, Tr::kDqThreads);
     named_sync(kDqStored, Tr::kDqThreads);
     if (threadIdx.x % 32 == 0) {
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       if (item.skipped) continue;
       const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk, batch = item.batch;
       const Document& doc = item.doc;
-      fa2::BwdWork& work = item.work;
+      BwdWork& work = item.work;
       if (warp == 2) {
         add_dq_tiles<Tr>(a, work, sdQ, doc, b, batch, hk, n_blk, chunk);
         continue;
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
           }
           cp_async_arrive(q_full + stage);
         }
-        fa2::advance(p, work, b, hk, n_blk, chunk);
+        advance(p, work, b, hk, n_blk, chunk);
       }
     }
     return;
@@ -262,10 +262,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     const int b = item.b, hk = item.hk, n_blk = item.n_blk, chunk = item.chunk, batch = item.batch;
     const bool split = item.split;
     const Document& doc = item.doc;
-    fa2::BwdWork& work = item.work;
+    BwdWork& work = item.work;
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
-    fa2::BwdWork next = work;  // read an iteration ahead: its tile index comes from global memory
-    fa2::advance(p, next, b, hk, n_blk, chunk);
+    BwdWork next = work;  // read an iteration ahead: its tile index comes from global memory
+    advance(p, next, b, hk, n_blk, chunk);
     const int kv = n % kKvStages;
     unsigned char* sK = sKV + kv * kKvBytes;
     const uint64_t k_desc = k_desc0 + kv * kKvBytes / 16, v_desc = v_desc0 + kv * kKvBytes / 16;
@@ -307,8 +307,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       const bool partial = work.t < work.vis.partial;
       // The pair after next: its tile index comes from global memory, read while the MMAs run (ptxas moves it to
       // a uniform register at once, which waits for the load)
-      fa2::BwdWork after = next;
-      fa2::advance(p, after, b, hk, n_blk, chunk);
+      BwdWork after = next;
+      advance(p, after, b, hk, n_blk, chunk);
       // The thread's queries' logsumexp and delta (BwdTraits::kStatsEarly)
       float lse_q[BM / 8][2], delta_q[BM / 8][2];
       if constexpr (Tr::kStatsEarly) {
@@ -328,10 +328,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            fa2::score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse_of(n, c), delta_of(n, c));
+            score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse_of(n, c), delta_of(n, c));
           }
         if (partial) {
-          fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+          mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
                                              [&](int n, int c) { st[n][c] = dpt[n][c] = 0.f; });
         }
       } else {  // P^T while dP^T is still computed; masked P^T is 0, and so is its dS^T
@@ -340,9 +340,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
 #pragma unroll
         for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) st[n][c] = fa2::plain_prob(p, st[n][c], lse_of(n, c));
+          for (int c = 0; c < 4; ++c) st[n][c] = plain_prob(p, st[n][c], lse_of(n, c));
         if (partial) {
-          fa2::mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
+          mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
                                              [&](int n, int c) { st[n][c] = 0.f; });
         }
       }
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
 #pragma unroll
         for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) dpt[n][c] = fa2::plain_grad(p, st[n][c], dpt[n][c], delta_of(n, c));
+          for (int c = 0; c < 4; ++c) dpt[n][c] = plain_grad(p, st[n][c], dpt[n][c], delta_of(n, c));
       }
       to_fragments<T, BM>(dpt, dsa);
 
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       }
       storing = true;
     } else {
-      fa2::store_dkv<T, 1, D, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, 0, split);
+      store_dkv<T, 1, D, D>(p, dk, dv, doc, b, hk, n_blk * BN + key0, 0, split);
     }
   }
   if (thread == 0) bulk_wait_read<0>();  // before the block's shared memory goes

@@ -16,15 +16,13 @@
 // the next item's Q, K and V load while this one finishes; O goes out from a buffer of its own.
 #pragma once
 
-#include "../sm80/fwd.cuh"
+#include "../common/softmax.cuh"
 #include "tma.cuh"
 #include "warps.cuh"
 #include "wgmma.cuh"
 
 namespace legalpt::fa3 {
 
-using fa2::Document;
-using fa2::Visits;
 
 template <typename T, int D>
 struct FwdTraits {
@@ -83,15 +81,15 @@ __device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 
                                                bool partial, int tile, int i0, const Document& doc, int b, int h) {
   const int lane = threadIdx.x % 32;
   float(&s3)[1][BN / 8][4] = reinterpret_cast<float(&)[1][BN / 8][4]>(s);
-  fa2::logits<kGeneral, 1, BN>(p, s3, partial, i0, tile * BN + 2 * (lane % 4), doc, b, h);
+  logits<kGeneral, 1, BN>(p, s3, partial, i0, tile * BN + 2 * (lane % 4), doc, b, h);
   move = false;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const float m = fmaxf(row_max[half], fa2::tile_row_max<kGeneral, BN>(p, s, half));
+    const float m = fmaxf(row_max[half], tile_row_max<kGeneral, BN>(p, s, half));
     move |= m > row_max[half];
     correction[half] = exp2f(row_max[half] - (m == -INFINITY ? 0.f : m));
     row_max[half] = m;
-    row_sum[half] = row_sum[half] * correction[half] + fa2::exp_row<kGeneral, BN>(p, s, half, m);
+    row_sum[half] = row_sum[half] * correction[half] + exp_row<kGeneral, BN>(p, s, half, m);
   }
 }
 
@@ -139,8 +137,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     unsigned nq = 0, g = 0;  // unsigned: a buffer and a phase are bits of these counts, not signed divisions
     for (int i = blockIdx.x; i < items; i += gridDim.x) {
       const FwdItem it = fwd_item(a, i);
-      const Document doc = fa2::document(p, it.b);
-      const Visits vis = fa2::visits(p.schedule, it.b, it.h, it.m_blk);
+      const Document doc = document(p, it.b);
+      const Visits vis = visits(p.schedule, it.b, it.h, it.m_blk);
       if (it.m_blk * BM >= doc.lq || vis.count == 0) continue;
       const int hk = it.h / p.kv_group, batch = map_batch(p, it.b);
       // K(t) or V(t) of this item, the block's tile g + t, into buffer (g + t) % 2 once its tile g + t - 2 is done
@@ -177,7 +175,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   // Whether item i of the block visits key tiles
   const auto works = [&](int i) {
     const FwdItem it = fwd_item(a, i);
-    return it.m_blk * BM < fa2::document(p, it.b).lq && fa2::visits(p.schedule, it.b, it.h, it.m_blk).count > 0;
+    return it.m_blk * BM < document(p, it.b).lq && visits(p.schedule, it.b, it.h, it.m_blk).count > 0;
   };
   // Consumer 1 hands consumer 0 its first turn of an item at the end of its last one, where the block has a next
   // item, so that consumer 0's first MMAs run beside consumer 1's epilogue
@@ -185,9 +183,9 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   unsigned nq = 0, g = 0;
   for (int i = blockIdx.x; i < items; i += gridDim.x) {
     const FwdItem it = fwd_item(a, i);
-    const Document doc = fa2::document(p, it.b);
+    const Document doc = document(p, it.b);
     if (it.m_blk * BM >= doc.lq) continue;
-    const Visits vis = fa2::visits(p.schedule, it.b, it.h, it.m_blk);
+    const Visits vis = visits(p.schedule, it.b, it.h, it.m_blk);
     const int m_blk = it.m_blk, b = it.b, h = it.h;
     const int i0 = m_blk * BM + 64 * wg + 16 * (threadIdx.x / 32 % 4) + lane / 4;  // the thread's rows: i0, i0 + 8
     float o[D / 8][4] = {};
@@ -295,7 +293,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       g += vis.count;
     }
 
-    const float2 inv = fa2::finish_rows(p, row_max, row_sum, i0, doc, b, h);
+    const float2 inv = finish_rows(p, row_max, row_sum, i0, doc, b, h);
     // A whole query tile's O goes out by TMA: 128-byte lines instead of every thread's 4-byte stores. Each consumer
     // stores its 64 rows from its half of sO, issued and awaited by its first thread, so that the consumers do not
     // meet between items. A tile past a varlen document's end keeps fa2's stores.
@@ -316,7 +314,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
         bulk_commit();
       }
     } else {
-      fa2::store_rows<T, D>(p, o, inv, i0, doc, b, h);
+      store_rows<T, D>(p, o, inv, i0, doc, b, h);
     }
   }
   if (threadIdx.x % 128 == 0) bulk_wait_read<0>();  // before the block's shared memory goes

@@ -3,7 +3,9 @@
     from legalpt.attention import flash_attn_func, flash_attn_varlen_func
 
 Importing this package compiles and loads no CUDA code. api.py holds the public functions and the backend choice,
-masks.py the element rule, reference.py the PyTorch backend, ops.py the torch.library custom ops.
+masks.py the element rule, backends/ the implementations behind one contract (reference, fa2 and fa3 on our
+kernels, sdpa and flex), ops.py the torch.library custom ops, blocks.py the block-sparse schedules, build.py and
+kernels.py the CUDA build and its loading.
 """
 
 from legalpt.attention.api import (

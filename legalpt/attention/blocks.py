@@ -7,7 +7,7 @@ first. It is built on the device of the documents with a few vectorized torch op
 rule as everything else (`masks.block_visible`, `masks.block_full`), and the block layout is folded in through a
 summed-area table, so any layout block size works with any tile size. `schedule_for` caches schedules per shape.
 
-FlexAttention's `BlockMask` holds the same information (partial and full lists, both directions); `flex.py`
+FlexAttention's `BlockMask` holds the same information (partial and full lists, both directions); `backends/flex.py`
 converts between the two.
 """
 

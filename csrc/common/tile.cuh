@@ -1,10 +1,11 @@
-// What the FA2 forward and backward kernels share: document bounds, row addressing, and global -> shared tile copies.
+// What the kernels of both paths share about tiles: document bounds, the schedule's visits, row addressing, and
+// global -> shared tile copies (cp.async, the FA2 path's).
 #pragma once
 
-#include "../common/ptx.cuh"
-#include "../common/params.h"
+#include "params.h"
+#include "ptx.cuh"
 
-namespace legalpt::fa2 {
+namespace legalpt {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -76,4 +77,4 @@ __device__ __forceinline__ float tanh_accurate(float x) {
   return 1.f - 2.f / (e + 1.f);
 }
 
-}  // namespace legalpt::fa2
+}  // namespace legalpt
