@@ -6,8 +6,11 @@ with the key's full name. Ranges and choices are checked by `Config.validate`, w
 point checks the whole config before it builds anything or touches data: a bad value raises `ConfigError`, whose
 message starts with the value's full key (`model.attention_backend: expected one of ..., got 'fa4'`).
 
-This module imports only Hydra and OmegaConf. The two fields whose choices live in heavier registries (legalpt's
-attention backends, transformers' attention functions) import them when checked, after every other field.
+The choices of the enum fields (`ARCHS`, `DTYPES`, ...) are defined here, and the modules that act on them, which
+import torch or transformers, take them from here; document kinds are defined beside `guess_kind` in
+`legalpt.data.kinds`, which imports nothing heavy. So this module imports only Hydra, OmegaConf and that module; the
+two fields whose choices live in heavier registries (legalpt's attention backends, transformers' attention functions)
+import them when checked, after every other field.
 """
 
 from __future__ import annotations
@@ -22,20 +25,21 @@ from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from legalpt.data.kinds import KINDS  # data.sources.<name>.kind
+
 # The YAML groups: conf/ of a source checkout, else the copy an installed package carries (setup.py)
 _CHECKOUT_CONF = Path(__file__).resolve().parents[1] / "conf"
 CONF_DIR = _CHECKOUT_CONF if _CHECKOUT_CONF.is_dir() else Path(__file__).resolve().parent / "_conf"
 
-# Choices of the enum fields. The modules named beside them act on them and hold the same tuples (kept equal by
-# tests/test_config.py); they are repeated here so that checking a config imports none of those modules.
-ARCHS = ("llama", "mistral", "qwen2")  # model.arch (legalpt.model)
-DTYPES = ("float32", "bfloat16", "float16")  # model.dtype (legalpt.model)
-KINDS = ("contract", "opinion", "statute", "other")  # data.sources.<name>.kind (legalpt.data)
-MIXED_PRECISIONS = ("auto", "bf16", "fp16", "no")  # train.mixed_precision (legalpt.runtime)
-EVAL_TASKS = ("perplexity", "citations", "citation_set", "choice")  # eval.tasks (legalpt.eval)
-CHOICE_FORMATS = ("auto", "casehold", "legalbench")  # eval.choice_format (legalpt.eval)
-LOGGERS = ("wandb", "none")  # logger (legalpt.train)
-MIN_BPE_VOCAB = 256 + 3  # data.vocab_size of a trained BPE: the 256 bytes and three special tokens
+# Choices of the enum fields: the one definition of each, imported by the modules that act on them
+ARCHS = ("llama", "mistral", "qwen2")  # model.arch: the decoders legalpt.model builds
+DTYPES = ("float32", "bfloat16", "float16")  # model.dtype: names of torch dtypes
+MIXED_PRECISIONS = ("auto", "bf16", "fp16", "no")  # train.mixed_precision (legalpt.runtime maps auto)
+EVAL_TASKS = ("perplexity", "citations", "citation_set", "choice")  # eval.tasks, in report order (legalpt.eval)
+CHOICE_FORMATS = ("auto", "casehold", "legalbench")  # eval.choice_format (columns of each: legalpt.eval.choice)
+LOGGERS = ("wandb", "none")  # logger (legalpt.train.tracking)
+# data.vocab_size of a BPE legalpt.data.tokenizer trains: the 256 bytes and its three special tokens
+MIN_BPE_VOCAB = 256 + 3
 
 
 class ConfigError(ValueError):

@@ -12,10 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig, Pre
 
 from legalpt import hf
 from legalpt.attention import set_backend
-from legalpt.config import ModelConfig
-
-ARCHS = ("llama", "mistral", "qwen2")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from legalpt.config import ARCHS, DTYPES, ModelConfig
 
 
 def build_model(
@@ -30,7 +27,8 @@ def build_model(
     config = None if cfg.pretrained else hf_config(cfg, tokenizer)
     hf.register()
     set_backend(cfg.attention_backend)
-    options = {"attn_implementation": cfg.attn_implementation, "dtype": DTYPES[cfg.dtype]}
+    # DTYPES are the names of torch dtypes
+    options = {"attn_implementation": cfg.attn_implementation, "dtype": getattr(torch, cfg.dtype)}
     if config is not None:
         return AutoModelForCausalLM.from_config(config, **options)
     model = AutoModelForCausalLM.from_pretrained(cfg.pretrained, **options)
@@ -102,7 +100,8 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 def _check_architecture(cfg: ModelConfig) -> None:
-    """Reject architecture fields that transformers would reject later or silently ignore."""
+    """Reject architecture fields that transformers would reject later or silently ignore: `to_config` checks them
+    too, but `build_model` also serves a ModelConfig that never went through it."""
     if cfg.arch not in ARCHS:
         raise ValueError(f"model.arch must be one of {', '.join(ARCHS)}; got {cfg.arch!r}")
     sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_position_embeddings")

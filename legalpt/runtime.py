@@ -16,15 +16,17 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
+from legalpt.config import MIXED_PRECISIONS
+
 EXPORT_DIR = "hf"  # the run folder's final model and tokenizer: a standard HF folder anyone can load
 
 
 def mixed_precision(setting: str) -> str:
     """accelerate's mixed_precision for `train.mixed_precision` (auto = bf16 on GPUs that support it)."""
+    if setting not in MIXED_PRECISIONS:
+        raise ValueError(f"train.mixed_precision={setting!r}: expected one of {', '.join(MIXED_PRECISIONS)}")
     if setting == "auto":
         return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-    if setting not in ("bf16", "fp16", "no"):
-        raise ValueError(f"train.mixed_precision={setting!r}: expected auto, bf16, fp16 or no")
     return setting
 
 

@@ -11,7 +11,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from legalpt.config import ModelConfig
+from legalpt.config import ARCHS, DTYPES, ModelConfig
 from legalpt.model import build_model, count_parameters
 
 PRESETS = Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -77,6 +77,13 @@ def test_tiny_builds_from_config_and_tokenizer(tiny_model_config):
     ids = (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
     assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == ids
     assert model(torch.randint(300, (2, 16))).logits.shape == (2, 16, 300)
+
+
+def test_every_arch_and_dtype_the_config_accepts_builds(tiny_model_config):
+    for arch in ARCHS:
+        assert build_model(tiny_model_config(arch=arch), make_tokenizer(300)).config.model_type == arch
+    for dtype in DTYPES:
+        assert str(build_model(tiny_model_config(dtype=dtype), make_tokenizer(300)).dtype) == f"torch.{dtype}"
 
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen2"])

@@ -9,13 +9,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from accelerate.utils import PrecisionType
 
 from legalpt import runtime
+from legalpt.config import MIXED_PRECISIONS
 
 
 def test_bad_mixed_precision_names_the_key():
     with pytest.raises(ValueError, match=r"train\.mixed_precision"):
         runtime.mixed_precision("fp8")
+
+
+def test_every_mixed_precision_setting_is_one_accelerate_takes():
+    for setting in MIXED_PRECISIONS:
+        assert runtime.mixed_precision(setting) in {precision.value for precision in PrecisionType}
 
 
 def test_eval_imports_no_training_code():

@@ -1,5 +1,8 @@
 """Document kinds: `KINDS`, and `guess_kind`, which tells a contract, a court opinion or a statute from its opening
-text (and its file name) when a source does not say what it holds."""
+text (and its file name) when a source does not say what it holds.
+
+`legalpt.config` checks a source's `kind` against `KINDS` before any heavy import, so this module imports nothing
+beyond the standard library."""
 
 from __future__ import annotations
 

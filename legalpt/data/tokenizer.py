@@ -29,11 +29,10 @@ import reporters_db
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from legalpt.config import DataConfig
+from legalpt.config import MIN_BPE_VOCAB, DataConfig
 from legalpt.data.sources import corpus_fingerprint, text_batches
 
 BOS, EOS, PAD = "<|bos|>", "<|endoftext|>", "<|pad|>"
-_BYTES = 256  # the byte-level alphabet every trained vocabulary starts from
 MINE_CHARACTERS = 16_000_000  # characters of the corpus mined for legal tokens (enough for stable counts, and fast)
 MEASURE_CHARACTERS = 4_000_000  # characters of text that tokens per byte are measured on
 # A string found in one document only is that document's name or jargon, not the corpus's, whatever it would save.
@@ -58,9 +57,11 @@ def get_tokenizer(
 
 
 def check_vocab_size(vocab_size: int) -> None:
-    """A trained vocabulary holds at least the 256 bytes and the three special tokens."""
-    if vocab_size < _BYTES + 3:
-        raise ValueError(f"data.vocab_size: expected at least {_BYTES + 3} (bytes + special tokens), got {vocab_size}")
+    """A trained vocabulary holds at least the 256 bytes of its alphabet and the three special tokens."""
+    if vocab_size < MIN_BPE_VOCAB:
+        raise ValueError(
+            f"data.vocab_size: expected at least {MIN_BPE_VOCAB} (bytes + special tokens), got {vocab_size}"
+        )
 
 
 def train_bpe(texts: datasets.Dataset | Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:

@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from legalpt.config import CHOICE_FORMATS
 from legalpt.eval.perplexity import adds_bos, scored_logprobs
 from legalpt.eval.stats import bootstrap_ci
 
@@ -33,7 +34,7 @@ HOLDING = "<HOLDING>"  # where CaseHOLD's citing prompt held the holding
 CASEHOLD = ("citing_prompt", *(f"holding_{i}" for i in range(5)), "label")
 LEXGLUE = ("context", "endings", "label")  # coastalcph/lex_glue:case_hold
 LEGALBENCH = ("text", "citation", "answer")
-LAYOUTS = {"casehold": (CASEHOLD, LEXGLUE), "legalbench": (LEGALBENCH,)}
+LAYOUTS = {"casehold": (CASEHOLD, LEXGLUE), "legalbench": (LEGALBENCH,)}  # the columns of each CHOICE_FORMATS name
 LEGALBENCH_PROMPT = (
     "Text: {text}\nCitation: {citation}\nQuestion: Does the cited case support the text? Answer Yes or No.\nAnswer:"
 )
@@ -58,8 +59,8 @@ class ChoiceItem:
 
 def load_choice_items(source: str, format: str = "auto", split: str = "test") -> list[ChoiceItem]:
     """The items of a local file or hub dataset in CaseHOLD or LegalBench format ("auto": told by the columns)."""
-    if format not in ("auto", *LAYOUTS):
-        raise ValueError(f"eval.choice_format: expected auto, {' or '.join(LAYOUTS)}; got {format!r}")
+    if format not in CHOICE_FORMATS:
+        raise ValueError(f"eval.choice_format: expected one of {', '.join(CHOICE_FORMATS)}; got {format!r}")
     table = _load_table(source, split)
     columns = set(table.column_names)
     if format == "auto":

@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt
 
+from legalpt.config import EVAL_TASKS
 from legalpt.runtime import wandb_offline_unless_keyed
 
 # (breakdown of the full-citation summary, title, x label) of the plotted exact-match accuracies
@@ -26,7 +27,6 @@ PLOTS = (
     ("by_position", "exact match by position of the citation in the document", "position in document (tenths)"),
     ("by_prompt_tokens", "exact match by prompt length", "prompt tokens"),
 )
-TASKS = ("perplexity", "citations", "citation_set", "choice")
 DETAIL = ("per_document",)  # per-document tables stay in report.json
 
 
@@ -69,7 +69,7 @@ def markdown(report: dict) -> str:
     lines += [f"- checkpoint {i + 1}: `{name}`" for i, name in enumerate(names)]
     lines += [f"- eval set: `{report['eval_set']['path']}`", f"- held-out documents: {report['data']['documents']}"]
     header = "| metric | " + " | ".join(f"checkpoint {i + 1}" for i in range(len(names))) + " |"
-    for task in (task for task in TASKS if any(task in r for r in results.values())):
+    for task in (task for task in EVAL_TASKS if any(task in r for r in results.values())):
         rows = {name: headline(results[name].get(task, {})) for name in names}
         keys = list(dict.fromkeys(key for row in rows.values() for key in row))
         lines += ["", f"## {task}", "", header, "|---" * (len(names) + 1) + "|"]
@@ -118,7 +118,7 @@ def log_to_wandb(report: dict, plots: list[Path], out_dir: Path, project: str) -
     run = wandb.init(project=project, dir=str(out_dir), job_type="eval", config=report["config"])
     for i, (name, result) in enumerate(report["checkpoints"].items()):
         metrics = {f"checkpoint{i + 1}/{task}/{key}": (value["mean"] if is_interval(value) else value)
-                   for task in TASKS if task in result
+                   for task in EVAL_TASKS if task in result
                    for key, value in headline(result[task]).items()}  # fmt: skip
         run.summary.update({**metrics, f"checkpoint{i + 1}/name": name})
     run.log({path.stem: wandb.Image(str(path)) for path in plots})

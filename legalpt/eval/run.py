@@ -19,13 +19,13 @@ from accelerate import Accelerator
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
-from legalpt.config import Config, DataConfig, EvalConfig, to_config
+from legalpt.config import EVAL_TASKS, Config, DataConfig, EvalConfig, to_config
 from legalpt.data.pipeline import split_corpus
 from legalpt.data.stream import heldout_records
 from legalpt.eval import choice, citations
 from legalpt.eval.generate import generate, generate_with_stats
 from legalpt.eval.perplexity import document_perplexity
-from legalpt.eval.report import TASKS, write_report
+from legalpt.eval.report import write_report
 from legalpt.model import build_model
 from legalpt.runtime import EXPORT_DIR, export_dir, log_on_main_process_only, mixed_precision
 
@@ -120,9 +120,9 @@ def build_eval_set(documents: list[dict], tokenizer, cfg: EvalConfig, tasks: lis
 
 def check_tasks(cfg: EvalConfig) -> list[str]:
     """The tasks to run; choice only with data to run it on."""
-    unknown = [t for t in cfg.tasks if t not in TASKS]
+    unknown = [t for t in cfg.tasks if t not in EVAL_TASKS]
     if unknown:
-        raise ValueError(f"eval.tasks: unknown {unknown}, expected a subset of {list(TASKS)}")
+        raise ValueError(f"eval.tasks: unknown {unknown}, expected a subset of {list(EVAL_TASKS)}")
     return [t for t in cfg.tasks if t != "choice" or cfg.choice_data]
 
 

@@ -14,9 +14,8 @@ from pathlib import Path
 
 from accelerate import Accelerator
 
+from legalpt.config import LOGGERS
 from legalpt.runtime import wandb_offline_unless_keyed
-
-LOGGERS = ("wandb", "none")
 
 
 def tracker_name(logger: str) -> str | None:

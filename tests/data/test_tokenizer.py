@@ -1,5 +1,6 @@
 """Tokenizers: BPE training on the corpus, its cache, checkpoint tokenizers loaded offline, pad and eos handling."""
 
+import json
 import random
 import time
 
@@ -7,9 +8,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from legalpt.config import DataConfig
+from legalpt.config import MIN_BPE_VOCAB, DataConfig
 from legalpt.data import tokenizer as tokenizer_module
-from legalpt.data.tokenizer import BOS, EOS, PAD, get_tokenizer
+from legalpt.data.tokenizer import BOS, EOS, PAD, get_tokenizer, train_bpe
 
 
 @pytest.fixture
@@ -92,6 +93,14 @@ def test_missing_pad_becomes_eos_and_missing_eos_is_an_error(tmp_path):
     assert tokenizer.pad_token == "</s>" and tokenizer.pad_token_id == tokenizer.eos_token_id
     with pytest.raises(ValueError, match="no eos token"):
         get_tokenizer(config(tmp_path), [], str(tmp_path / "no eos"))
+
+
+def test_the_smallest_vocabulary_is_the_bytes_and_the_special_tokens(texts):
+    # No merge fits in it; a smaller size would still get every byte and special token, so it would not be honoured.
+    smallest = train_bpe(texts, MIN_BPE_VOCAB)
+    assert len(smallest) == MIN_BPE_VOCAB and not json.loads(smallest.backend_tokenizer.to_str())["model"]["merges"]
+    with pytest.raises(ValueError, match=rf"data\.vocab_size: expected at least {MIN_BPE_VOCAB}"):
+        train_bpe(texts, MIN_BPE_VOCAB - 1)
 
 
 def test_bad_training_input(tmp_path, texts):

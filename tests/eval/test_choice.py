@@ -11,6 +11,7 @@ import pytest
 import torch
 from eval_helpers import SPECIALS, VOCAB, make_tokenizer
 
+from legalpt.config import CHOICE_FORMATS
 from legalpt.eval.choice import (
     LEGALBENCH_PROMPT,
     ChoiceItem,
@@ -90,6 +91,14 @@ def test_legalbench_items_ask_a_yes_no_question(tmp_path, rng, suffix):
             assert item.context == LEGALBENCH_PROMPT.format(text=row["text"], citation=row["citation"])
             assert [c.strip() for c in item.choices] == ["Yes", "No"]
             assert item.label == (0 if row["answer"].strip().lower() == "yes" else 1)
+
+
+@pytest.mark.parametrize("fmt", [fmt for fmt in CHOICE_FORMATS if fmt != "auto"])
+def test_every_format_the_config_accepts_is_read_and_told_by_its_columns(tmp_path, rng, fmt):
+    rows = {"casehold": casehold_rows, "legalbench": legalbench_rows}[fmt](rng, 3)
+    path = write(tmp_path / f"{fmt}.jsonl", rows)
+    items = load_choice_items(str(path), format=fmt)
+    assert len(items) == 3 and load_choice_items(str(path)) == items
 
 
 def test_bad_sources_and_rows_are_named(tmp_path, rng):

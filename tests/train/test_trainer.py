@@ -6,12 +6,14 @@ import math
 
 import pytest
 import torch
+from accelerate.utils import LoggerType
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import legalpt.train.trainer as trainer
-from legalpt.config import TrainConfig, compose
+from legalpt.config import LOGGERS, TrainConfig, compose
 from legalpt.train.checkpoint import latest_checkpoint, resolve_resume
 from legalpt.train.optim import build_optimizer, lr_factor
+from legalpt.train.tracking import tracker_name
 
 
 def tiny_overrides(tmp_path, *extra):
@@ -126,6 +128,13 @@ def test_wandb_runs_offline_inside_the_run_folder(tmp_path, monkeypatch):
 def test_a_bad_logger_is_named(tmp_path):
     with pytest.raises(ValueError, match="logger"):
         trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path}", "logger=tensorboardx")))
+
+
+def test_every_logger_the_config_accepts_is_off_or_an_accelerate_tracker(monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # WANDB_MODE=disabled turns every tracker off
+    trackers = {tracker.value for tracker in LoggerType}
+    for logger in LOGGERS:
+        assert (tracker_name(logger) is None) if logger == "none" else (tracker_name(logger) in trackers)
 
 
 @pytest.fixture
