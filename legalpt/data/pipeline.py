@@ -31,7 +31,7 @@ from legalpt.data.dedup import deduplicate
 from legalpt.data.pack import PackStats, pack_dataset
 from legalpt.data.readers.rows import SkipReport
 from legalpt.data.sources import corpus_fingerprint, count_characters, load_documents
-from legalpt.data.tokenizer import check_vocab_size, compare_tokenizers, extend_tokenizer, get_tokenizer, load_tokenizer
+from legalpt.data.tokenizer import compare_tokenizers, extend_tokenizer, get_tokenizer, load_tokenizer
 
 SPLITS = ("train", "heldout")
 _TOKEN_FEATURES = datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))})
@@ -210,24 +210,15 @@ def format_stats(stats: dict[str, Any]) -> str:
 
 
 def _check(cfg: DataConfig, pretrained: str | None) -> None:
+    """What `prepare` cannot run with, before anything is loaded. The ranges are `DataConfig.validate`'s, run here
+    again for callers that built `cfg` without `legalpt.config.to_config`; streaming and a foreign output folder are
+    errors of prepare alone."""
     if cfg.streaming:  # legalpt-prepare would otherwise quietly run the in-memory pipeline
         raise ValueError(
             "data.streaming: streaming packs rows on the fly during training and writes none to prepare; "
             "run legalpt-train data.streaming=true, or prepare with data.streaming=false"
         )
-    if cfg.seq_len < 2:
-        raise ValueError(f"data.seq_len: expected at least 2 tokens per row, got {cfg.seq_len}")
-    if not 0 <= cfg.heldout_fraction < 1:
-        raise ValueError(f"data.heldout_fraction: expected a value in [0, 1), got {cfg.heldout_fraction}")
-    if cfg.num_proc < 1:
-        raise ValueError(f"data.num_proc: expected at least 1 process, got {cfg.num_proc}")
-    if not (cfg.tokenizer or pretrained):
-        check_vocab_size(cfg.vocab_size)
-    if cfg.extend_tokenizer and cfg.extra_tokens < 1:
-        raise ValueError(f"data.extra_tokens: expected at least 1 token to add, got {cfg.extra_tokens}")
-    if not 0 <= cfg.chunk_overlap < cfg.seq_len:
-        raise ValueError(f"data.chunk_overlap: expected 0 <= chunk_overlap < seq_len = {cfg.seq_len}, "
-                         f"got {cfg.chunk_overlap}")  # fmt: skip
+    cfg.validate("data", trains_bpe=not pretrained)
     if cfg.output_dir:
         folder = Path(cfg.output_dir).expanduser()
         if folder.exists() and not (_holds(folder) or _is_empty_dir(folder)):

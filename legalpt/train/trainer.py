@@ -128,22 +128,9 @@ def file_log(path: Path, enabled: bool) -> Iterator[None]:
         handler.close()
 
 
-def check_train_config(cfg: TrainConfig) -> None:
-    """Values the loop cannot run with, named by their key, before anything is built."""
-    at_least = {"steps": 1, "batch_size": 1, "grad_accum": 1, "eval_every": 1, "save_every": 1, "log_every": 1,
-                "keep_checkpoints": 1, "warmup_steps": 0, "eval_batches": 0}  # fmt: skip
-    for key, low in at_least.items():
-        if getattr(cfg, key) < low:
-            raise ValueError(f"train.{key}: expected an integer >= {low}, got {getattr(cfg, key)}")
-    if cfg.lr <= 0 or not 0 <= cfg.min_lr_ratio <= 1:
-        raise ValueError(f"train.lr / train.min_lr_ratio: expected lr > 0 and 0 <= min_lr_ratio <= 1, "
-                         f"got {cfg.lr} / {cfg.min_lr_ratio}")  # fmt: skip
-
-
 def train(cfg: DictConfig | Config) -> TrainResult:
     """Run the pretraining job described by `cfg` and return where its outputs are."""
-    cfg = to_config(cfg)
-    check_train_config(cfg.train)
+    cfg = to_config(cfg)  # checks every value, the loop's ranges included, before anything is built
     accelerator = Accelerator(
         mixed_precision=mixed_precision(cfg.train.mixed_precision), log_with=tracker_name(cfg.logger)
     )
