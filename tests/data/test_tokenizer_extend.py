@@ -24,6 +24,8 @@ from legalpt.model import build_model, extend_embeddings
 from legalpt.train.trainer import train
 
 REPORTERS = ["F.3d", "F. Supp. 2d", "U.S.", "S. Ct."]
+# Overrides of the tiny model preset: these tests look only at embedding rows, which one narrow layer holds
+SMALL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "attn_implementation": "eager"}
 
 
 @pytest.fixture
@@ -127,15 +129,10 @@ def test_tokens_per_byte_on_known_strings(texts):
         tokens_per_byte(word_level, [""])
 
 
-def tiny_model_config(**overrides) -> ModelConfig:
-    sizes = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2, "intermediate_size": 64}
-    return ModelConfig(**sizes, attn_implementation="eager", **overrides)
-
-
 @pytest.mark.parametrize("tied", [True, False])
-def test_new_embedding_rows_are_the_mean_of_their_pieces(tmp_path, texts, base, tied):
+def test_new_embedding_rows_are_the_mean_of_their_pieces(tmp_path, texts, base, tied, tiny_model_config):
     extended, _ = extend_tokenizer(base, texts, 40, str(tmp_path))
-    model = build_model(tiny_model_config(tie_word_embeddings=tied), base)
+    model = build_model(tiny_model_config(**SMALL, tie_word_embeddings=tied), base)
     before_in = model.get_input_embeddings().weight.detach().clone()
     before_out = model.get_output_embeddings().weight.detach().clone()
 
@@ -154,9 +151,9 @@ def test_new_embedding_rows_are_the_mean_of_their_pieces(tmp_path, texts, base, 
     assert ids.max() >= len(base) and torch.isfinite(model(input_ids=ids).logits).all()
 
 
-def test_build_model_extends_a_checkpoint(tmp_path, texts, base):
+def test_build_model_extends_a_checkpoint(tmp_path, texts, base, tiny_model_config):
     extended, _ = extend_tokenizer(base, texts, 16, str(tmp_path))
-    original = build_model(tiny_model_config(tie_word_embeddings=False), base)
+    original = build_model(tiny_model_config(**SMALL, tie_word_embeddings=False), base)
     original.save_pretrained(tmp_path / "checkpoint")
     cfg = ModelConfig(pretrained=str(tmp_path / "checkpoint"), attn_implementation="eager")
     with pytest.raises(ValueError, match="embeds only"):
