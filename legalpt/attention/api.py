@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -34,6 +35,8 @@ _auto_reasons_logged: set[str] = set()
 
 
 BACKENDS = ("auto", *backends.NAMES)
+_CHECKED_DOCUMENTS = 16  # cu_seqlens pairs whose values were checked: a step uses one, generation a few
+_checked_documents: dict[tuple, tuple[weakref.ref, weakref.ref]] = {}
 _default_backend = "auto"
 
 
@@ -130,7 +133,7 @@ def flash_attn_varlen_func(
         global_tokens, dilation, block_layout, block_size, max_seqlen_q, max_seqlen_k, cu_seqlens_q.shape[0] - 1,
     )  # fmt: skip
     if not torch.compiler.is_compiling():  # the values need a host sync; under compile the op checks them itself
-        Documents.from_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+        _check_documents(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
     batch = AttentionBatch(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, scale, softcap, deterministic
     )
@@ -223,6 +226,20 @@ def _check_cu_seqlens(q: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: 
     for name, value in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
         if not _is_int(value) or value < 0:
             raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
+
+
+def _check_documents(cu_q: Tensor, cu_k: Tensor, total_q: int, total_k: int, max_q: int, max_k: int) -> None:
+    """The values of cu_seqlens_q/k (Documents.from_cu_seqlens), read once per pair of tensors and their versions:
+    the layers of a model share one pair per step, and each read is a host sync that would stall the GPU's queue.
+    Weak references guard against a freed tensor's id coming back (as blocks.schedule_for's cache does)."""
+    key = (id(cu_q), cu_q._version, id(cu_k), cu_k._version, total_q, total_k, max_q, max_k)
+    refs = _checked_documents.get(key)
+    if refs is not None and refs[0]() is cu_q and refs[1]() is cu_k:
+        return
+    Documents.from_cu_seqlens(cu_q, cu_k, total_q, total_k, max_q, max_k)
+    _checked_documents[key] = (weakref.ref(cu_q), weakref.ref(cu_k))
+    if len(_checked_documents) > _CHECKED_DOCUMENTS:
+        del _checked_documents[next(iter(_checked_documents))]  # the oldest
 
 
 def _check_options(

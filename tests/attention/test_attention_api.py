@@ -261,3 +261,27 @@ def test_import_loads_no_cuda_code():
         "assert 'torch.utils.cpp_extension' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cu_seqlens_values_are_read_once_per_tensor_and_version(monkeypatch):
+    """The layers of a model share one cu_seqlens pair per step: its values (a host sync on a GPU) are checked on
+    the first call only, and again once the tensor changes in place, where a bad value is still caught."""
+    reads, documents = [], api.Documents
+
+    class Counted:  # api's Documents, counting the reads (the reference backend reads the values for its own plan)
+        @staticmethod
+        def from_cu_seqlens(*args):
+            reads.append(1)
+            return documents.from_cu_seqlens(*args)
+
+    monkeypatch.setattr(api, "Documents", Counted)
+    batch = _varlen()
+    for _ in range(3):
+        flash_attn_varlen_func(**batch, backend="reference")
+    assert len(reads) == 1
+    batch["cu_seqlens_k"] = batch["cu_seqlens_k"].clone()  # another tensor: read again
+    flash_attn_varlen_func(**batch, backend="reference")
+    assert len(reads) == 2
+    batch["cu_seqlens_k"][1] = 17  # in place: its version moves on, and 17 is past the 16 tokens
+    with pytest.raises(ValueError, match=r"^cu_seqlens_k: expected non-decreasing values"):
+        flash_attn_varlen_func(**batch, backend="reference")
