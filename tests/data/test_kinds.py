@@ -5,23 +5,12 @@ import random
 from pathlib import Path
 
 import pytest
+from data_helpers import text
 
 from legalpt.data.demo import generate_documents
 from legalpt.data.kinds import guess_kind
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-WORDS = ["the", "lessee", "court", "held", "notice", "river", "shall", "page", "motion", "data", "agreed", "section"]
-
-
-@pytest.fixture
-def rng():
-    seed = random.randrange(2**32)
-    print(f"seed={seed}")
-    return random.Random(seed)
-
-
-def text(rng: random.Random, low: int = 20, high: int = 200) -> str:
-    return " ".join(rng.choices(WORDS, k=rng.randint(low, high)))
 
 
 STATUTES = [

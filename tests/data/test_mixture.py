@@ -12,13 +12,6 @@ from legalpt.data.pipeline import split_corpus
 from legalpt.data.sources import load_documents
 
 
-@pytest.fixture
-def rng():
-    seed = random.randrange(2**32)
-    print(f"seed={seed}")
-    return random.Random(seed)
-
-
 def lengths(rng: random.Random, n: int, low: int, high: int) -> list[int]:
     return [rng.randint(low, high) for _ in range(n)]
 

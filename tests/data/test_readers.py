@@ -16,30 +16,12 @@ import pyarrow.parquet as pq
 import pypdf
 import pytest
 import zstandard
+from data_helpers import load, random_text
 
-from legalpt.config import DataConfig
 from legalpt.data import readers
 from legalpt.data.readers.rows import SkipReport
-from legalpt.data.sources import load_documents
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-
-
-@pytest.fixture
-def rng():
-    seed = random.randrange(2**32)
-    print(f"seed={seed}")
-    return random.Random(seed)
-
-
-def random_text(rng: random.Random, words: int = 40) -> str:
-    return " ".join("".join(rng.choices("abcdefghijklmnopqrstuvwxyzé§", k=rng.randint(1, 9))) for _ in range(words))
-
-
-def load(tmp_path: Path, *paths, **overrides):
-    cfg = DataConfig(paths=[str(p) for p in paths], cache_dir=str(tmp_path / "cache"), **overrides)
-    documents, report = load_documents(cfg)
-    return list(documents), report
 
 
 def make_pdf(pages: list[str]) -> bytes:

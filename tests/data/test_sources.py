@@ -2,30 +2,12 @@
 fingerprint, and the demo corpus."""
 
 import json
-import random
-from pathlib import Path
 
 import pytest
+from data_helpers import load, random_text
 
 from legalpt.config import DataConfig
 from legalpt.data.sources import corpus_fingerprint, find_files, load_documents
-
-
-@pytest.fixture
-def rng():
-    seed = random.randrange(2**32)
-    print(f"seed={seed}")
-    return random.Random(seed)
-
-
-def random_text(rng: random.Random, words: int = 40) -> str:
-    return " ".join("".join(rng.choices("abcdefghijklmnopqrstuvwxyzé§", k=rng.randint(1, 9))) for _ in range(words))
-
-
-def load(tmp_path: Path, *paths, **overrides):
-    cfg = DataConfig(paths=[str(p) for p in paths], cache_dir=str(tmp_path / "cache"), **overrides)
-    documents, report = load_documents(cfg)
-    return list(documents), report
 
 
 def test_folders_globs_and_spaces(tmp_path, rng):

@@ -10,24 +10,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from data_helpers import text
 from omegaconf import OmegaConf
 
 from legalpt.config import CONF_DIR, DataConfig, SourceConfig, compose, to_config
 from legalpt.data.kinds import KINDS, guess_kind
 from legalpt.data.sources import load_documents
-
-WORDS = ["the", "lessee", "court", "held", "notice", "river", "shall", "page", "motion", "data", "agreed", "section"]
-
-
-@pytest.fixture
-def rng():
-    seed = random.randrange(2**32)
-    print(f"seed={seed}")
-    return random.Random(seed)
-
-
-def text(rng: random.Random, low: int = 20, high: int = 200) -> str:
-    return " ".join(rng.choices(WORDS, k=rng.randint(low, high)))
 
 
 def load(tmp_path: Path, **sources: SourceConfig):
