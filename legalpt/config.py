@@ -259,6 +259,7 @@ class TrainConfig:
     keep_checkpoints: int = 2  # newest resumable checkpoints kept on disk
     resume: str = "auto"  # auto (latest checkpoint in output_dir, if any) | none | path to a checkpoint folder
     log_every: int = 10  # steps between logged metrics
+    peak_tflops: float | None = None  # dense bf16 TFLOP/s of one device for MFU; None = by GPU name (unknown: no MFU)
     seed: int = 0  # seed of initialisation and data order
 
     def validate(self, key: str = "train") -> None:
@@ -273,6 +274,8 @@ class TrainConfig:
         betas = list(self.betas)
         _expect(len(betas) == 2 and all(0 <= b < 1 for b in betas), f"{key}.betas", "two numbers in [0, 1)", betas)
         _expect(self.grad_clip >= 0, f"{key}.grad_clip", "a number >= 0 (0 = off)", self.grad_clip)
+        if self.peak_tflops is not None:
+            _positive(f"{key}.peak_tflops", self.peak_tflops)
         _one_of(f"{key}.mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
         _expect(bool(self.resume), f"{key}.resume", "auto, none or a checkpoint folder", self.resume)
 

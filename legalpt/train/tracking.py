@@ -57,7 +57,7 @@ class MetricsLog:
             kept = [line for line in lines if json.loads(line)["step"] <= start_step]
             self.path.write_text("".join(line + "\n" for line in kept))
 
-    def log(self, step: int, values: dict[str, float]) -> None:
+    def log(self, step: int, values: dict[str, float | str]) -> None:
         self.accelerator.log(values, step=step)
         if self.accelerator.is_main_process:
             with self.path.open("a") as f:

@@ -7,7 +7,6 @@ Data → packed rows (legalpt.data) → HF model (legalpt.model) → AdamW + war
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from legalpt.eval.perplexity import heldout_loss
 from legalpt.model import build_model, count_parameters
 from legalpt.runtime import agree_on_run_dir, export_dir, log_on_main_process_only, mixed_precision
 from legalpt.train.checkpoint import export_model, load_checkpoint, load_data_state, resolve_resume, save_checkpoint
+from legalpt.train.metrics import ModelFlops, Throughput, device_peak
 from legalpt.train.optim import build_optimizer, build_scheduler
 from legalpt.train.tracking import MetricsLog, start_tracking, tracker_name
 
@@ -198,34 +198,35 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     if step == 0:
         evaluate()
     bar = tqdm(total=tc.steps, initial=step, desc="train", disable=not accelerator.is_local_main_process)
-    window_tokens, window_start = 0, time.perf_counter()
+    peak = device_peak(accelerator.device, tc.peak_tflops)
+    meter = Throughput(ModelFlops.of(accelerator.unwrap_model(model)), peak, accelerator)
+    batches = meter.counted(batches)  # real tokens and attention pairs, counted on the device
     while step < tc.steps:
         loss, grad_norm, step_tokens = train_step(model, optimizer, batches, tc, accelerator)
+        lr = scheduler.get_last_lr()[0]  # the rate this step applied; scheduler.step() sets the next step's
         if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits with the weights
             scheduler.step()
         step += 1
         tokens += step_tokens
-        window_tokens += step_tokens
         bar.update()
         if step % tc.log_every == 0 or step == tc.steps:
-            elapsed = time.perf_counter() - window_start
             values = {
+                **meter.read(),  # first: its host sync closes the timed window after the device's queued work
                 "train/loss": accelerator.reduce(loss, "mean").item(),
-                "train/lr": scheduler.get_last_lr()[0],
+                "train/lr": lr,
                 "train/grad_norm": float(grad_norm),
-                "train/tokens_per_s": window_tokens / elapsed,
-                "train/tokens": tokens,
+                "train/tokens": tokens,  # row slots consumed, padding included: the data position
             }
             metrics.log(step, values)
             bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{values['train/tokens_per_s']:.0f}")
-            window_tokens, window_start = 0, time.perf_counter()
-        paused = time.perf_counter()
+        # tokens/s and MFU measure training, not evaluation and saving
         if step % tc.eval_every == 0 or step == tc.steps:
-            evaluate()
+            with meter.paused():
+                evaluate()
         if step % tc.save_every == 0 or step == tc.steps:
-            data_state = data.train.state_dict() if streaming else None
-            result.checkpoint = save_checkpoint(accelerator, run_dir, step, tokens, tc.keep_checkpoints, data_state)
-        window_start += time.perf_counter() - paused  # tokens/s measures training, not evaluation and saving
+            with meter.paused():
+                data_state = data.train.state_dict() if streaming else None
+                result.checkpoint = save_checkpoint(accelerator, run_dir, step, tokens, tc.keep_checkpoints, data_state)
     bar.close()
 
     result.export_dir = export_model(accelerator, model, data.tokenizer, run_dir)
