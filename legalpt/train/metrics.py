@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -120,7 +121,8 @@ class ModelFlops:
     def count(self, batch: dict) -> torch.Tensor:
         """(2,) int64 on the batch's device: its real tokens, and its visible pairs summed over layers."""
         lengths = segment_lengths(batch["labels"], batch["cu_seq_lens_q"])  # (n,)
-        pairs = sum(visible_pairs(lengths, window).sum() for window in self.windows)
+        # One count per distinct window, not per layer: a few small kernels per micro-batch, whatever the depth.
+        pairs = sum(visible_pairs(lengths, window).sum() * layers for window, layers in Counter(self.windows).items())
         return torch.stack([lengths.sum(), pairs])
 
     def flops(self, tokens: int, layer_pairs: int) -> int:
@@ -143,7 +145,7 @@ class Throughput:
     def counted(self, batches: Iterator[dict]) -> Iterator[dict]:
         """`batches`, each counted (asynchronously, on its device) as it is handed out."""
         for batch in batches:
-            self.counts += self.flops.count(batch)
+            self.counts += self.flops.count(batch).to(self.counts.device, non_blocking=True)
             yield batch
 
     @contextmanager
