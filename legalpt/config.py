@@ -38,6 +38,7 @@ MIXED_PRECISIONS = ("auto", "bf16", "fp16", "no")  # train.mixed_precision (lega
 EVAL_TASKS = ("perplexity", "citations", "citation_set", "choice")  # eval.tasks, in report order (legalpt.eval)
 CHOICE_FORMATS = ("auto", "casehold", "legalbench")  # eval.choice_format (columns of each: legalpt.eval.choice)
 LOGGERS = ("wandb", "none")  # logger (legalpt.train.tracking)
+ROPE_SCALINGS = ("none", "linear", "dynamic", "llama3", "yarn")  # model.rope_scaling.type (transformers' rope_type)
 # data.vocab_size of a BPE legalpt.data.tokenizer trains: the 256 bytes and its three special tokens
 MIN_BPE_VOCAB = 256 + 3
 
@@ -79,6 +80,42 @@ def _validate_attn_implementation(key: str, name: str) -> None:
 
 
 @dataclass
+class RopeScalingConfig:
+    """RoPE stretched past the context a model was trained at (transformers' `rope_parameters`): for continued
+    pretraining of a checkpoint on longer documents, or a new model meant to run longer than it trains."""
+
+    type: str = "none"  # none | linear | dynamic (NTK) | llama3 | yarn
+    factor: float = 1.0  # context multiplier (>= 1): the model covers factor * original_max_position_embeddings
+    # context the model was trained at; None = the preset's max_position_embeddings or the checkpoint's
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float = 1.0  # llama3: wavelengths above original / low_freq_factor are divided by factor
+    high_freq_factor: float = 4.0  # llama3: wavelengths below original / high_freq_factor are kept (> low_freq_factor)
+    beta_fast: float = 32.0  # yarn: rotations in the original context above which a dimension is kept
+    beta_slow: float = 1.0  # yarn: rotations below which a dimension is interpolated (< beta_fast)
+    attention_factor: float | None = None  # yarn: cos/sin scale; None = 0.1 * ln(factor) + 1, as in the paper
+
+    def validate(self, key: str = "model.rope_scaling") -> None:
+        """Raise ConfigError at the first bad field; the type's own parameters are checked only for that type."""
+        _one_of(f"{key}.type", self.type, ROPE_SCALINGS)
+        if self.type == "none":
+            return
+        _expect(math.isfinite(self.factor) and self.factor >= 1, f"{key}.factor", "a finite number >= 1", self.factor)
+        original = self.original_max_position_embeddings
+        _expect(original is None or original >= 1, f"{key}.original_max_position_embeddings", "None or an integer >= 1",
+                original)  # fmt: skip
+        if self.type == "llama3":
+            _positive(f"{key}.low_freq_factor", self.low_freq_factor)
+            _expect(self.high_freq_factor > self.low_freq_factor, f"{key}.high_freq_factor",
+                    f"a number > {key}.low_freq_factor ({self.low_freq_factor})", self.high_freq_factor)  # fmt: skip
+        if self.type == "yarn":
+            _positive(f"{key}.beta_slow", self.beta_slow)
+            _expect(self.beta_fast > self.beta_slow, f"{key}.beta_fast",
+                    f"a number > {key}.beta_slow ({self.beta_slow})", self.beta_fast)  # fmt: skip
+            if self.attention_factor is not None:
+                _positive(f"{key}.attention_factor", self.attention_factor)
+
+
+@dataclass
 class ModelConfig:
     """A Hugging Face decoder built from these fields, or loaded from `pretrained`."""
 
@@ -90,6 +127,9 @@ class ModelConfig:
     intermediate_size: int = 1024  # width of the MLP
     max_position_embeddings: int = 4096  # longest sequence RoPE is set up for
     rope_theta: float = 10000.0  # RoPE base frequency
+    # RoPE scaling (model.rope_scaling.type=yarn model.rope_scaling.factor=4); applies to `pretrained` too, replacing
+    # the checkpoint's own RoPE settings
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
     sliding_window: int | None = None  # attention window of mistral/qwen2 models; None = full causal
     tie_word_embeddings: bool = True  # share input embedding and LM head (saves parameters on small models)
     pretrained: str | None = None  # HF folder or hub id; when set, the architecture fields above are ignored
@@ -107,6 +147,7 @@ class ModelConfig:
         _one_of(f"{key}.dtype", self.dtype, DTYPES)
         if not self.pretrained:
             self._validate_architecture(key)
+        self.rope_scaling.validate(f"{key}.rope_scaling")
         from legalpt.attention import BACKENDS  # imports torch (no CUDA)
 
         _one_of(f"{key}.attention_backend", self.attention_backend, BACKENDS)
@@ -368,12 +409,22 @@ class Config:
 
     def validate(self) -> None:
         """Raise ConfigError at the first bad field. The model comes last: its attention choices import torch and
-        transformers, so that a bad value elsewhere fails at once."""
+        transformers, so that a bad value elsewhere fails at once; then data.seq_len against the model's positions."""
         self.data.validate("data", trains_bpe=not self.model.pretrained)
         self.train.validate("train")
         self.eval.validate("eval")
         _one_of("logger", self.logger, LOGGERS)
         self.model.validate("model")
+        self._validate_context()
+
+    def _validate_context(self) -> None:
+        """data.seq_len fits the positions the model covers (a checkpoint's are read from its config.json)."""
+        from legalpt.model import max_positions  # imports transformers
+
+        covered = max_positions(self.model)
+        if covered is not None:
+            positions, note = covered
+            _expect(self.data.seq_len <= positions, "data.seq_len", f"at most {positions} ({note})", self.data.seq_len)
 
 
 ConfigStore.instance().store(name="legalpt_schema", node=Config)

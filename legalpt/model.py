@@ -3,6 +3,10 @@
 Either way the model runs `cfg.attn_implementation` (by default legalpt attention, see `legalpt.hf`) on the
 backend `cfg.attention_backend`, and stays a standard transformers model that `save_pretrained` exports. A checkpoint
 whose tokenizer was extended with new tokens gets an embedding row (and LM-head row) for each (`extend_embeddings`).
+
+Context length: `cfg.rope_scaling` maps onto transformers' `rope_parameters` (`scaled_rope`), for a new model and
+over a checkpoint's own; `max_positions` says how long a sequence the model covers, so that `Config.validate` can
+refuse a longer `data.seq_len` before any data is prepared.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig, Pre
 
 from legalpt import hf
 from legalpt.attention import set_backend
-from legalpt.config import ARCHS, DTYPES, ModelConfig
+from legalpt.config import ARCHS, DTYPES, ModelConfig, RopeScalingConfig
 
 
 def build_model(
@@ -31,7 +35,12 @@ def build_model(
     options = {"attn_implementation": cfg.attn_implementation, "dtype": getattr(torch, cfg.dtype)}
     if config is not None:
         return AutoModelForCausalLM.from_config(config, **options)
-    model = AutoModelForCausalLM.from_pretrained(cfg.pretrained, **options)
+    config = AutoConfig.from_pretrained(cfg.pretrained)
+    if cfg.rope_scaling.type != "none":
+        config.rope_parameters, config.max_position_embeddings = scaled_rope(
+            cfg.rope_scaling, dict(config.rope_parameters), config.max_position_embeddings
+        )
+    model = AutoModelForCausalLM.from_pretrained(cfg.pretrained, config=config, **options)
     if base_tokenizer is not None:
         extend_embeddings(model, base_tokenizer, tokenizer)
     embedded = model.get_input_embeddings().num_embeddings
@@ -69,6 +78,8 @@ def extend_embeddings(
 def hf_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedConfig:
     """The transformers config of a new `cfg.arch` model; vocabulary and special tokens come from `tokenizer`."""
     _check_architecture(cfg)
+    default_rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    rope, max_position_embeddings = scaled_rope(cfg.rope_scaling, default_rope, cfg.max_position_embeddings)
     window = cfg.sliding_window
     per_arch = {
         "llama": {},
@@ -84,14 +95,75 @@ def hf_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTraine
         num_attention_heads=cfg.num_heads,
         num_key_value_heads=cfg.num_kv_heads,
         intermediate_size=cfg.intermediate_size,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters=rope,
         tie_word_embeddings=cfg.tie_word_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         **per_arch[cfg.arch],
     )
+
+
+def scaled_rope(scaling: RopeScalingConfig, rope: dict, max_positions: int) -> tuple[dict, int]:
+    """`rope` (transformers' `rope_parameters` of a model trained at `max_positions`) with `scaling` applied, and the
+    scaled model's `max_position_embeddings`; unchanged for scaling type none.
+
+    The base frequency (and a partial rotary factor) stay the model's; the rest is replaced. The model then covers
+    factor * original positions (`covered_positions`), original being the trained context unless given."""
+    if scaling.type == "none":
+        return rope, max_positions
+    original = scaling.original_max_position_embeddings or max_positions
+    kept = {name: rope[name] for name in ("rope_theta", "partial_rotary_factor") if name in rope}
+    params = {"rope_type": scaling.type, **kept, "factor": float(scaling.factor)}
+    if scaling.type in ("llama3", "yarn"):
+        params["original_max_position_embeddings"] = original
+    if scaling.type == "llama3":
+        params |= {"low_freq_factor": scaling.low_freq_factor, "high_freq_factor": scaling.high_freq_factor}
+    if scaling.type == "yarn":
+        params |= {"beta_fast": scaling.beta_fast, "beta_slow": scaling.beta_slow}
+        if scaling.attention_factor is not None:
+            params["attention_factor"] = float(scaling.attention_factor)
+    if scaling.type == "dynamic":
+        # transformers stretches dynamic NTK once a sequence passes max_position_embeddings: the trained context
+        return params, original
+    return params, max(max_positions, round(scaling.factor * original))
+
+
+def covered_positions(rope: dict, max_position_embeddings: int) -> int:
+    """The longest sequence a model of these transformers settings is set up for: its max_position_embeddings, or
+    the factor times its trained context where dynamic NTK, llama3 or YaRN scaling stretch RoPE past that."""
+    kind, factor = rope.get("rope_type", "default"), rope.get("factor", 1.0)
+    if kind == "dynamic":
+        return round(factor * max_position_embeddings)
+    if kind in ("llama3", "yarn"):
+        original = rope.get("original_max_position_embeddings", max_position_embeddings)
+        return max(max_position_embeddings, round(factor * original))
+    return max_position_embeddings
+
+
+def max_positions(cfg: ModelConfig) -> tuple[int, str] | None:
+    """How long a sequence the model of `cfg` covers, and a note saying where that comes from and how to go further;
+    None when a checkpoint's config cannot be read (its load reports why). Of a checkpoint, config.json alone is read
+    (no weights)."""
+    scaling = cfg.rope_scaling
+    if cfg.pretrained:
+        try:
+            config = AutoConfig.from_pretrained(cfg.pretrained)
+        except OSError:
+            return None
+        rope, positions = dict(config.rope_parameters or {}), config.max_position_embeddings
+        source = f"max_position_embeddings of model.pretrained={cfg.pretrained!r}"
+    else:
+        rope, positions = {"rope_type": "default", "rope_theta": cfg.rope_theta}, cfg.max_position_embeddings
+        source = "model.max_position_embeddings"
+    covered = covered_positions(*scaled_rope(scaling, rope, positions))
+    if scaling.type == "none":
+        return covered, f"{source}: stretch RoPE with model.rope_scaling"
+    if scaling.original_max_position_embeddings:
+        source = "model.rope_scaling.original_max_position_embeddings"
+    original = scaling.original_max_position_embeddings or positions
+    return covered, f"model.rope_scaling.factor {scaling.factor} x {original}, the trained context ({source})"
 
 
 def count_parameters(model: torch.nn.Module) -> int:
