@@ -7,6 +7,10 @@ whose tokenizer was extended with new tokens gets an embedding row (and LM-head 
 Context length: `cfg.rope_scaling` maps onto transformers' `rope_parameters` (`scaled_rope`), for a new model and
 over a checkpoint's own; `max_positions` says how long a sequence the model covers, so that `Config.validate` can
 refuse a longer `data.seq_len` before any data is prepared.
+
+Packed documents: a forward keeps no KV cache unless its caller asks for one (`generate` does). transformers reads
+document boundaries from restarting `position_ids` only when no cache is passed, so this keeps packed documents apart
+under sdpa and eager too, and spares training a DynamicCache per step.
 """
 
 from __future__ import annotations
@@ -34,13 +38,13 @@ def build_model(
     # DTYPES are the names of torch dtypes
     options = {"attn_implementation": cfg.attn_implementation, "dtype": getattr(torch, cfg.dtype)}
     if config is not None:
-        return AutoModelForCausalLM.from_config(config, **options)
+        return _without_default_cache(AutoModelForCausalLM.from_config(config, **options))
     config = AutoConfig.from_pretrained(cfg.pretrained)
     if cfg.rope_scaling.type != "none":
         config.rope_parameters, config.max_position_embeddings = scaled_rope(
             cfg.rope_scaling, dict(config.rope_parameters), config.max_position_embeddings
         )
-    model = AutoModelForCausalLM.from_pretrained(cfg.pretrained, config=config, **options)
+    model = _without_default_cache(AutoModelForCausalLM.from_pretrained(cfg.pretrained, config=config, **options))
     if base_tokenizer is not None:
         extend_embeddings(model, base_tokenizer, tokenizer)
     embedded = model.get_input_embeddings().num_embeddings
@@ -169,6 +173,24 @@ def max_positions(cfg: ModelConfig) -> tuple[int, str] | None:
 def count_parameters(model: torch.nn.Module) -> int:
     """Number of parameters, each shared tensor (tied embeddings) counted once."""
     return sum(p.numel() for p in model.parameters())
+
+
+def _without_default_cache(model: PreTrainedModel) -> PreTrainedModel:
+    """Make `use_cache` default to False in `model`'s forward, where transformers defaults it to config.use_cache.
+
+    Only a caller that asks for a cache gets one (`generate` always passes use_cache): a training or scoring forward
+    then builds no DynamicCache, and transformers splits packed rows at restarting position_ids, which it does only
+    without a cache, so sdpa and eager keep packed documents apart. A hook, not config.use_cache=False: the
+    exported config.json and generation config keep use_cache true, so the checkpoint generates with a cache."""
+
+    def no_cache_unless_asked(module, args, kwargs):
+        if kwargs.get("use_cache") is None:
+            kwargs["use_cache"] = False
+        return args, kwargs
+
+    # The decoder stack, where transformers resolves use_cache; the causal LM passes it through as given.
+    model.get_decoder().register_forward_pre_hook(no_cache_unless_asked, with_kwargs=True)
+    return model
 
 
 def _check_architecture(cfg: ModelConfig) -> None:

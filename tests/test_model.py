@@ -1,5 +1,6 @@
 """Model presets and `build_model`: new models from `ModelConfig`, pretrained checkpoints, parameter counts."""
 
+import json
 import re
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from legalpt.config import ARCHS, DTYPES, ModelConfig
 from legalpt.model import build_model, count_parameters
@@ -140,3 +141,18 @@ def test_pretrained_checkpoint_rejects_a_larger_tokenizer(tmp_path, tiny_model_c
 def test_bad_model_config_raises_naming_the_key(overrides, message, tiny_model_config):
     with pytest.raises(ValueError, match=message):
         build_model(tiny_model_config(**overrides), make_tokenizer(300))
+
+
+def test_forwards_keep_no_cache_unless_asked_and_the_export_generates_with_one(tmp_path, tiny_model_config):
+    tokenizer = make_tokenizer(300)
+    model = build_model(tiny_model_config(attn_implementation="sdpa"), tokenizer)
+    input_ids = torch.randint(4, 300, (1, 12))
+    assert model(input_ids=input_ids, labels=input_ids).cache is None
+    assert model(input_ids=input_ids, use_cache=True).cache is not None
+    generated = model.generate(input_ids, max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    assert generated.cache.get_seq_length() == 12 + 3 - 1  # the last token is sampled, never fed back
+    # The export keeps transformers' default: a model loaded from it without legalpt builds a cache.
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["use_cache"] is True
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded(input_ids=input_ids).cache is not None
