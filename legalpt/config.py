@@ -38,6 +38,9 @@ MIXED_PRECISIONS = ("auto", "bf16", "fp16", "no")  # train.mixed_precision (lega
 EVAL_TASKS = ("perplexity", "citations", "citation_set", "choice")  # eval.tasks, in report order (legalpt.eval)
 CHOICE_FORMATS = ("auto", "casehold", "legalbench")  # eval.choice_format (columns of each: legalpt.eval.choice)
 LOGGERS = ("wandb", "none")  # logger (legalpt.train.tracking)
+LOSS_IMPLS = ("plain", "chunked")  # train.loss_impl (legalpt.train.loss)
+# train.activation_checkpointing (legalpt.train.activations)
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective", "attention")
 ROPE_SCALINGS = ("none", "linear", "dynamic", "llama3", "yarn")  # model.rope_scaling.type (transformers' rope_type)
 # data.vocab_size of a BPE legalpt.data.tokenizer trains: the 256 bytes and its three special tokens
 MIN_BPE_VOCAB = 256 + 3
@@ -302,6 +305,13 @@ class TrainConfig:
     log_every: int = 10  # steps between logged metrics
     peak_tflops: float | None = None  # dense bf16 TFLOP/s of one device for MFU; None = by GPU name (unknown: no MFU)
     seed: int = 0  # seed of initialisation and data order
+    loss_impl: str = "plain"  # plain (HF loss over the full float32 logits) | chunked (loss_chunk_tokens at a time)
+    loss_chunk_tokens: int = 4096  # tokens whose logits loss_impl=chunked holds at once (recomputed in backward)
+    # recompute in backward: none | full (every decoder layer) | selective (every checkpoint_every-th layer) |
+    # attention (the attention modules only)
+    activation_checkpointing: str = "none"
+    checkpoint_every: int = 2  # activation_checkpointing=selective: layers 0, k, 2k, ... are recomputed
+    offload_activations: bool = False  # keep the decoder layers' saved activations in CPU memory (CUDA only)
 
     def validate(self, key: str = "train") -> None:
         """Raise ConfigError at the first bad field."""
@@ -319,6 +329,9 @@ class TrainConfig:
             _positive(f"{key}.peak_tflops", self.peak_tflops)
         _one_of(f"{key}.mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
         _expect(bool(self.resume), f"{key}.resume", "auto, none or a checkpoint folder", self.resume)
+        _one_of(f"{key}.loss_impl", self.loss_impl, LOSS_IMPLS)
+        _at_least(1, self, key, "loss_chunk_tokens", "checkpoint_every")
+        _one_of(f"{key}.activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
 
 
 @dataclass

@@ -27,7 +27,9 @@ from legalpt.data.stream import format_stream_stats, prepare_stream, stream_batc
 from legalpt.eval.perplexity import heldout_loss
 from legalpt.model import build_model, count_parameters
 from legalpt.runtime import agree_on_run_dir, export_dir, log_on_main_process_only, mixed_precision
+from legalpt.train.activations import apply_activation_checkpointing
 from legalpt.train.checkpoint import export_model, load_checkpoint, load_data_state, resolve_resume, save_checkpoint
+from legalpt.train.loss import use_chunked_loss
 from legalpt.train.metrics import ModelFlops, Throughput, device_peak
 from legalpt.train.optim import build_optimizer, build_scheduler
 from legalpt.train.tracking import MetricsLog, start_tracking, tracker_name
@@ -159,6 +161,10 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     base_tokenizer = None if streaming else data.base_tokenizer
     model = build_model(cfg.model, data.tokenizer, base_tokenizer).to(accelerator.device).train()
     log.info("model: %s, %.1fM parameters", cfg.model.pretrained or cfg.model.arch, count_parameters(model) / 1e6)
+    # On the plain HF model, so that DDP's and FSDP's wrappers see the recomputing layers and the chunked loss.
+    apply_activation_checkpointing(model, tc.activation_checkpointing, tc.checkpoint_every, tc.offload_activations)
+    if tc.loss_impl == "chunked":
+        use_chunked_loss(model, tc.loss_chunk_tokens)
 
     optimizer = build_optimizer(model, tc)
     scheduler = build_scheduler(optimizer, tc)

@@ -1,0 +1,103 @@
+"""The training loss without the full logits: next-token cross-entropy over chunks of tokens (`train.loss_impl`).
+
+HF's causal-LM forward projects every hidden state to the vocabulary and upcasts the logits to float32 before its
+loss, so a row of N tokens holds N x vocab float32 logits (and as much again for their gradient): at long context
+that, not the decoder, is the peak. `chunked` runs the decoder body to its last hidden states and takes the loss
+over `chunk_tokens` rows at a time through the output embedding; each chunk is recomputed in backward
+(non-reentrant checkpoint), so only one chunk's logits exist at any moment. The semantics are HF's: labels shifted
+within each row (the packing collator already ignores each segment's first token), ignored labels skipped, the sum
+divided by `num_items_in_batch` (the mean over targets without it).
+
+The loss runs inside the model's own forward (`use_chunked_loss` replaces the instance's `forward`), not beside it:
+DDP's forward prepares the gradient all-reduce and FSDP's hooks gather parameters there, so the trainer keeps
+calling `model(**batch, num_items_in_batch=...)` through accelerate's wrappers. Parameters and state dict are
+untouched, so checkpoints and the HF export are the same as with `plain`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from legalpt.data.pack import IGNORE_INDEX
+
+# Families whose causal-LM forward is exactly decoder → output embedding → HF's causal-LM loss: no logit scaling or
+# soft-capping (Gemma's final_logit_softcapping, Cohere's logit_scale, Granite's logits_scaling would be skipped).
+CHUNKED_LOSS_FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def chunked_cross_entropy(
+    hidden: torch.Tensor,
+    head: torch.nn.Module,
+    labels: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    chunk_tokens: int = 4096,
+) -> torch.Tensor:
+    """HF's causal-LM loss of the logits `head(hidden)`, computed `chunk_tokens` rows at a time.
+
+    hidden (B, S, D) last hidden states; labels (B, S), IGNORE_INDEX where no target; position t predicts labels[t+1]
+    of its own row. With grad enabled each chunk is recomputed in backward, so its float32 logits live only while
+    that chunk's loss or gradient is computed."""
+    if chunk_tokens < 1:
+        raise ValueError(f"train.loss_chunk_tokens: expected an integer >= 1, got {chunk_tokens}")
+    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].flatten()  # (B*S,)
+    rows = hidden.flatten(0, -2)  # (B*S, D)
+    chunk_nll = partial(_summed_nll, head)
+    if torch.is_grad_enabled():
+        # preserve_rng_state=False: a linear layer and a cross-entropy draw no random numbers.
+        chunk_nll = partial(checkpoint, chunk_nll, use_reentrant=False, preserve_rng_state=False)
+    # split, not slicing: one SplitBackward concatenates the chunks' gradients, instead of a zero-padded full-size
+    # gradient per chunk.
+    nll = sum(chunk_nll(h, t) for h, t in zip(rows.split(chunk_tokens), targets.split(chunk_tokens), strict=True))
+    if num_items_in_batch is None:
+        return nll / (targets != IGNORE_INDEX).sum()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(nll.device)
+    return nll / num_items_in_batch
+
+
+def _summed_nll(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed cross-entropy of one chunk: hidden (C, D), targets (C,); float32 logits as HF's loss upcasts them."""
+    logits = head(hidden).float()  # (C, vocab)
+    return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def check_chunked_loss_support(model: PreTrainedModel) -> None:
+    """Raise ValueError unless `model`'s logits are a plain linear map of its decoder's last hidden states."""
+    family = getattr(model.config, "model_type", None)
+    if family not in CHUNKED_LOSS_FAMILIES:
+        raise ValueError(
+            f"train.loss_impl=chunked supports the model families {', '.join(CHUNKED_LOSS_FAMILIES)}, not {family!r} "
+            "(its logits may be scaled or soft-capped); use train.loss_impl=plain"
+        )
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise ValueError(
+            f"train.loss_impl=chunked needs a linear output embedding; {type(model).__name__} has {type(head).__name__}"
+        )
+
+
+def use_chunked_loss(model: PreTrainedModel, chunk_tokens: int) -> None:
+    """Make `model(**batch, labels=..., num_items_in_batch=...)` return the chunked loss, and no logits.
+
+    Without labels the model's own forward runs (logits for generation and scoring)."""
+    check_chunked_loss_support(model)
+    if chunk_tokens < 1:
+        raise ValueError(f"train.loss_chunk_tokens: expected an integer >= 1, got {chunk_tokens}")
+
+    def forward(input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs):
+        if labels is None:
+            # The class's forward, looked up per call: FSDP2 swaps the instance's class for a subclass.
+            return type(model).forward(model, input_ids, **kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        kwargs.setdefault("use_cache", False)  # no cache is returned: building one would only hold every layer's K/V
+        hidden = model.get_decoder()(input_ids, **kwargs).last_hidden_state  # (B, S, D)
+        loss = chunked_cross_entropy(hidden, model.get_output_embeddings(), labels, num_items_in_batch, chunk_tokens)
+        return CausalLMOutputWithPast(loss=loss)
+
+    model.forward = forward

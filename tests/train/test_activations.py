@@ -1,0 +1,175 @@
+"""Activation checkpointing and offloading: every mode trains exactly as without, while saving less for backward."""
+
+import copy
+import json
+import logging
+
+import pytest
+import torch
+
+import legalpt.train.trainer as trainer
+from legalpt.config import ConfigError, TrainConfig, compose
+from legalpt.data.pack import collate_packed
+from legalpt.data.tokenizer import train_bpe
+from legalpt.model import build_model
+from legalpt.train.activations import apply_activation_checkpointing
+
+MODES = [("full", 1), ("selective", 2), ("selective", 3), ("attention", 1)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_bpe(["the parties agree to the terms of this agreement"] * 20, 300)
+
+
+@pytest.fixture
+def model(tiny_model_config, tokenizer):
+    """A 5-layer tiny Llama on legalpt attention (the reference backend on CPU), in train mode: selective
+    checkpointing recomputes layers 0, 2, 4 every 2nd layer and 0, 3 every 3rd."""
+    return build_model(tiny_model_config(num_layers=5), tokenizer).train()
+
+
+def packed_batch(rng, vocab: int, rows: int = 2, seq_len: int = 48) -> dict:
+    """Packed rows of random documents, as the trainer's collator makes them, as model keyword arguments; with a KV
+    cache, as transformers' default config builds one (a checkpointed layer must not fill it twice)."""
+    packed = []
+    for _ in range(rows):
+        lens, left = [], seq_len
+        while left:
+            lens.append(min(left, rng.randint(2, 20)))
+            left -= lens[-1]
+        packed.append({"input_ids": [rng.randrange(vocab) for _ in range(seq_len)], "seq_lens": lens, "num_pad": 0})
+    return {**collate_packed(packed), "use_cache": True}
+
+
+def loss_and_grads(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+def saved_bytes(model, batch) -> int:
+    """Bytes of the tensors a forward saves for backward, parameters excepted, counted as autograd saves them."""
+    parameters = {p.data_ptr() for p in model.parameters()}
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        if tensor.data_ptr() not in parameters:
+            total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(**batch).loss.backward()
+    return total
+
+
+@pytest.mark.parametrize(("mode", "every"), MODES)
+def test_every_mode_gives_the_loss_and_gradients_of_none(rng, model, mode, every):
+    batch = packed_batch(rng, model.config.vocab_size)
+    checkpointed = copy.deepcopy(model)
+    apply_activation_checkpointing(checkpointed, mode, every)
+    expected_loss, expected_grads = loss_and_grads(model, batch)
+    loss, grads = loss_and_grads(checkpointed, batch)
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=0)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-6, atol=1e-8, msg=name)
+    assert list(checkpointed.state_dict()) == list(model.state_dict())  # checkpoints do not depend on the mode
+
+
+def test_checkpointing_saves_less_for_backward(rng, model):
+    """Full (5 layers) < selective every 2nd layer (3) < every 3rd (2) < none, and attention-only recompute < none."""
+    batch = packed_batch(rng, model.config.vocab_size)
+    saved = {}
+    for mode, every in [("none", 1), *MODES]:
+        checkpointed = copy.deepcopy(model)
+        apply_activation_checkpointing(checkpointed, mode, every)
+        saved[mode, every] = saved_bytes(checkpointed, batch)
+    assert saved["full", 1] < saved["selective", 2] < saved["selective", 3] < saved["none", 1]
+    assert saved["attention", 1] < saved["none", 1]
+
+
+def test_evaluation_runs_the_layers_plainly(rng, model):
+    """Without grad nothing is recomputed, and the KV cache a generation needs is kept."""
+    apply_activation_checkpointing(model, "full")
+    model.eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, 9))
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+    assert out.past_key_values.get_seq_length() == 9
+
+
+def test_offloading_on_cpu_warns_and_changes_nothing(rng, model, caplog):
+    batch = packed_batch(rng, model.config.vocab_size)
+    offloaded = copy.deepcopy(model)
+    with caplog.at_level(logging.WARNING, logger="legalpt.train.activations"):
+        apply_activation_checkpointing(offloaded, "full", offload=True)
+    assert "train.offload_activations" in caplog.text
+    expected_loss, _ = loss_and_grads(model, batch)
+    loss, _ = loss_and_grads(offloaded, batch)
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["none", "full", "attention"])
+def test_offloading_moves_saved_activations_off_the_gpu(rng, model, mode):
+    """Equal loss and gradients with and without offloading, and less GPU memory held between forward and backward."""
+    model = model.cuda()
+    batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in packed_batch(rng, model.config.vocab_size).items()}
+    held = {}
+    results = {}
+    for offload in (False, True):
+        candidate = copy.deepcopy(model)
+        apply_activation_checkpointing(candidate, mode, offload=offload)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        loss = candidate(**batch).loss
+        held[offload] = torch.cuda.memory_allocated() - before
+        loss.backward()
+        results[offload] = (loss.detach(), [p.grad for p in candidate.parameters()])
+    assert held[True] < held[False]
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=0)
+    for grad, expected in zip(results[True][1], results[False][1], strict=True):
+        torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-8)
+
+
+def test_a_model_without_decoder_layers_is_refused():
+    model = torch.nn.Linear(2, 2)
+    model.get_decoder = lambda: model
+    with pytest.raises(ValueError, match=r"train\.activation_checkpointing"):
+        apply_activation_checkpointing(model, "full")
+
+
+@pytest.mark.parametrize(("field", "value"), [("activation_checkpointing", "half"), ("checkpoint_every", 0)])
+def test_bad_checkpointing_values_are_named(field, value):
+    with pytest.raises(ConfigError, match=rf"^train\.{field}: expected"):
+        TrainConfig(**{field: value}).validate()
+
+
+def test_trainer_with_checkpointing_and_chunked_loss_resumes_exactly(tmp_path, train_until_first_checkpoint):
+    """The memory options train like the defaults (same eval losses up to float rounding) and resume bit-exactly."""
+    from transformers import AutoModelForCausalLM
+
+    def overrides(name: str, *extra: str) -> list[str]:
+        return [
+            "model=tiny", "data.synthetic_documents=6", "data.seq_len=128", "data.vocab_size=400",
+            f"data.cache_dir={tmp_path / 'cache'}", "train.steps=4", "train.batch_size=2", "train.warmup_steps=1",
+            "train.eval_every=2", "train.eval_batches=2", "train.save_every=2", "logger=none",
+            f"train.output_dir={tmp_path / name}", *extra,
+        ]  # fmt: skip
+
+    memory = ("train.activation_checkpointing=selective", "train.loss_impl=chunked", "train.loss_chunk_tokens=100")
+    default = trainer.train(compose("train", overrides("default")))
+    straight = trainer.train(compose("train", overrides("straight", *memory)))
+    for (step, loss), (expected_step, expected) in zip(straight.eval_losses, default.eval_losses, strict=True):
+        assert step == expected_step and loss == pytest.approx(expected, rel=1e-4)
+
+    train_until_first_checkpoint(compose("train", overrides("resumed", *memory)))
+    resumed = trainer.train(compose("train", overrides("resumed", *memory)))
+    assert resumed.eval_losses[-1] == straight.eval_losses[-1]
+    a = AutoModelForCausalLM.from_pretrained(straight.export_dir)
+    b = AutoModelForCausalLM.from_pretrained(resumed.export_dir)
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=0, msg=name)
+    config = json.loads((straight.export_dir / "config.json").read_text())
+    assert config.get("use_cache", True)  # generation from the export keeps its KV cache
