@@ -242,6 +242,9 @@ class DataConfig:
     sources: dict[str, SourceConfig] = field(default_factory=dict)
     text_field: str = "text"  # field holding the document text in .jsonl/.json/.parquet records
     synthetic_documents: int = 160  # demo documents generated when `paths` and `sources` are empty; 0 = no demo
+    # demo documents of one kind joined in order until each holds this many characters (a long-document corpus,
+    # data=demo_long); 0 = as generated
+    synthetic_min_chars: int = 0
     seed: int = 0  # seed of the demo corpus and of the train/held-out split
     heldout_fraction: float = 0.05  # share of documents kept out of training for evaluation, in [0, 1)
     seq_len: int = 512  # tokens per packed row (at least 2)
@@ -268,6 +271,7 @@ class DataConfig:
             off = f"documents to read ({key}.synthetic_documents=0 turns the demo corpus off)"
             _expect(self.synthetic_documents != 0, f"{key}.paths", off, self.paths)
             _at_least(1, self, key, "synthetic_documents")
+            _at_least(0, self, key, "synthetic_min_chars")
         _expect(0 <= self.heldout_fraction < 1, f"{key}.heldout_fraction", "a number in [0, 1)", self.heldout_fraction)
         _at_least(2, self, key, "seq_len")
         if trains_bpe and not self.tokenizer:

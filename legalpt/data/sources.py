@@ -50,7 +50,7 @@ def load_documents(cfg: DataConfig) -> tuple[datasets.Dataset, SkipReport]:
     when both are empty; and what was skipped on the way."""
     sources = data_sources(cfg)
     if not sources:
-        return _demo_corpus(cfg.synthetic_documents, cfg.seed), SkipReport()
+        return _demo_corpus(cfg.synthetic_documents, cfg.seed, cfg.synthetic_min_chars), SkipReport()
     first, *others = sources.values()
     if not others and first.paths and not (first.kind or first.max_documents):  # plain files: nothing to mix
         return _separate_skips(_read_paths(first.paths, first.text_field, cfg))
@@ -276,11 +276,12 @@ def text_batches(texts: datasets.Dataset | Iterable[str]) -> Iterator[Iterable[s
     return iter([texts])
 
 
-def _demo_corpus(num_documents: int, seed: int) -> datasets.Dataset:
+def _demo_corpus(num_documents: int, seed: int, min_chars: int) -> datasets.Dataset:
     if num_documents < 1:
         raise ValueError(f"data.synthetic_documents: expected at least 1 document, got {num_documents}")
-    from legalpt.data.demo import generate_documents  # only the demo corpus needs the generator
+    from legalpt.data.demo import generate_documents, join_documents  # only the demo corpus needs the generator
 
+    documents = generate_documents(num_documents, seed)
     records = [
         {
             "id": str(doc["id"]),
@@ -289,7 +290,7 @@ def _demo_corpus(num_documents: int, seed: int) -> datasets.Dataset:
             "kind": doc["kind"],
             "meta": json.dumps(doc["meta"], default=str),
         }
-        for doc in generate_documents(num_documents, seed)
+        for doc in (join_documents(documents, min_chars) if min_chars else documents)
     ]
     return datasets.Dataset.from_list(records, features=FEATURES)
 

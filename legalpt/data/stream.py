@@ -67,7 +67,7 @@ def stream_records(cfg: DataConfig) -> datasets.IterableDataset:
     if not sources:
         if cfg.synthetic_documents < 1:
             raise ValueError(f"data.synthetic_documents: expected at least 1 document, got {cfg.synthetic_documents}")
-        kwargs = {"num_documents": cfg.synthetic_documents, "seed": cfg.seed}
+        kwargs = {"num_documents": cfg.synthetic_documents, "seed": cfg.seed, "min_chars": cfg.synthetic_min_chars}
         return datasets.IterableDataset.from_generator(_demo_records, features=RECORD_FEATURES, gen_kwargs=kwargs)
     if list(sources) == [FILES] and not (sources[FILES].kind or sources[FILES].max_documents):
         return _file_records(cfg.paths, cfg.text_field)
@@ -273,10 +273,11 @@ def _with_states(records: datasets.IterableDataset, start: dict | None) -> Itera
         before = records.state_dict()
 
 
-def _demo_records(num_documents: int, seed: int) -> Iterator[dict[str, str]]:
-    from legalpt.data.demo import generate_documents  # only the demo corpus needs the generator
+def _demo_records(num_documents: int, seed: int, min_chars: int) -> Iterator[dict[str, str]]:
+    from legalpt.data.demo import generate_documents, join_documents  # only the demo corpus needs the generator
 
-    for doc in generate_documents(num_documents, seed):
+    documents = generate_documents(num_documents, seed)
+    for doc in join_documents(documents, min_chars) if min_chars else documents:
         meta = json.dumps(doc["meta"], default=str)
         yield {"id": str(doc["id"]), "text": doc["text"], "source": doc["source"], "kind": doc["kind"], "meta": meta,
                "skip": ""}  # fmt: skip

@@ -20,12 +20,13 @@ depends on the cites of the documents before it (never on those after it), and `
 The phrases live in plain-text files under `phrases/` (package data, read once at import by `templates`); the
 modules only choose, fill and arrange them:
 
-- `corpus`: `generate_documents`, the records the data pipeline loads;
+- `corpus`: `generate_documents`, the records the data pipeline loads, and `join_documents`, which joins them into
+  long documents (`data.synthetic_min_chars`);
 - `contracts`, `opinions`, `citations`: the generators of contracts, of opinions, and of an opinion's case citations;
 - `names`, `jurisdictions`, `reporters`: invented people and companies, real states and courts, real reporters;
 - `templates`: the phrase files, their parser, and how a document fills a template in.
 """
 
-from legalpt.data.demo.corpus import MAX_CHARS, MIN_CHARS, generate_documents
+from legalpt.data.demo.corpus import MAX_CHARS, MIN_CHARS, generate_documents, join_documents
 
-__all__ = ["MAX_CHARS", "MIN_CHARS", "generate_documents"]
+__all__ = ["MAX_CHARS", "MIN_CHARS", "generate_documents", "join_documents"]

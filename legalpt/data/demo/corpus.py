@@ -1,5 +1,6 @@
 """The demo corpus as records: documents alternately a contract and a court opinion, each drawn by its own seeded
-random source, with a target length drawn log-uniformly between `MIN_CHARS` and `MAX_CHARS`."""
+random source, with a target length drawn log-uniformly between `MIN_CHARS` and `MAX_CHARS`; and the same documents
+joined into long ones (`join_documents`) for long-context runs."""
 
 from __future__ import annotations
 
@@ -38,3 +39,39 @@ def generate_documents(num_documents: int, seed: int = 0) -> list[dict]:
         record = {"id": f"synthetic-{seed}-{index:05d}", "text": text, "source": "synthetic", "kind": kind}
         documents.append({**record, "meta": meta})
     return documents
+
+
+def join_documents(documents: list[dict], min_chars: int) -> list[dict]:
+    """`documents` joined, per kind and in order, into records of at least `min_chars` characters each: a run of
+    consecutive contracts (or opinions) with a blank line between them, so that a long row of tokens holds one long
+    document of one kind rather than short ones packed together. A kind's leftover documents join its last record;
+    a kind shorter than `min_chars` in all gives one shorter record. The record keeps the first part's id with
+    "+<parts - 1>" appended, and `meta` lists the parts' ids; records are ordered by their first part."""
+    if isinstance(min_chars, bool) or not isinstance(min_chars, int) or min_chars < 1:
+        raise ValueError(f"min_chars must be an int >= 1, got {min_chars!r}")
+    runs: dict[str, list[list[int]]] = {}  # kind → runs of document indices, each run one joined record
+    chars: dict[str, list[int]] = {}  # kind → characters of each of its runs
+    for index, document in enumerate(documents):
+        kind = document["kind"]
+        if kind not in runs or chars[kind][-1] >= min_chars:
+            runs.setdefault(kind, []).append([])
+            chars.setdefault(kind, []).append(0)
+        runs[kind][-1].append(index)
+        chars[kind][-1] += len(document["text"])
+    for kind, kind_runs in runs.items():
+        if len(kind_runs) > 1 and chars[kind][-1] < min_chars:
+            leftovers = kind_runs.pop()
+            kind_runs[-1] += leftovers
+    joined = sorted(run for kind_runs in runs.values() for run in kind_runs)  # by first part
+    return [_joined_record([documents[i] for i in run]) for run in joined]
+
+
+def _joined_record(parts: list[dict]) -> dict:
+    first = parts[0]
+    return {
+        "id": f"{first['id']}+{len(parts) - 1}",
+        "text": "\n\n".join(part["text"] for part in parts),
+        "source": first["source"],
+        "kind": first["kind"],
+        "meta": {"parts": [part["id"] for part in parts]},
+    }
