@@ -1,0 +1,203 @@
+"""One benchmarked training job: `legalpt-train` with Hydra overrides in a fresh process, so that a CUDA
+out-of-memory leaves nothing behind for the next job, and the row read from the job's metrics.jsonl.
+
+A row is {attention, model, seq_len, batch_size, gpus, activation_checkpointing, compile, loss_impl, steps,
+tokens_per_s, mfu, peak_gib, oom, error}. The three options are the values the job ran with (its composed config),
+null where this tree's config has no such field; an option the benchmark was not given is not overridden, so the
+script runs on trees from before and after the options exist. tokens_per_s and mfu are medians over the steps after
+the first `warmup` (train.log_every=1 makes each step its own window), peak_gib the largest peak; a metric the trainer
+does not log (MFU and peak memory on a CPU) is null. oom: the job failed out of memory (CUDA's error, or a SIGKILL, as
+the host's OOM killer sends); error: the last error line of any other failure, or the timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from legalpt.config import compose, to_config
+from legalpt.data.demo import MAX_CHARS, MIN_CHARS
+
+ROOT = Path(__file__).resolve().parents[3]
+CHARS_PER_TOKEN = 6  # characters of a joined demo document per token it must hold (the demo BPE makes ~4.9)
+DOCUMENTS_PER_KIND = 3  # joined documents of each kind (contract, opinion): one is held out, the rest trained on
+OPTIONS = ("activation_checkpointing", "loss_impl", "compile")  # train.* options a setting may override
+_OOM = re.compile(r"out of memory|OutOfMemoryError|SIGKILL", re.IGNORECASE)
+_TAIL_CHARS = 20_000  # of a job's output, kept to tell an OOM from another failure
+_TERM_GRACE_S = 30  # a timed-out job's seconds between SIGTERM (accelerate passes it on to ranks) and SIGKILL
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A configuration of the trainer, but for seq_len and batch size: what a row belongs to and what a search
+    searches. An option left None is not overridden (the config's default applies)."""
+
+    model: str  # preset in conf/model/
+    attention: str  # model.attn_implementation
+    activation_checkpointing: str | None = None
+    loss_impl: str | None = None
+    compile: bool | None = None
+    gpus: int = 1  # processes (one GPU each)
+
+    def overrides(self) -> list[str]:
+        given = {name: getattr(self, name) for name in OPTIONS if getattr(self, name) is not None}
+        options = [f"train.{name}={str(value).lower()}" for name, value in given.items()]
+        return [f"model={self.model}", f"model.attn_implementation={self.attention}", *options]
+
+
+@dataclass
+class Outcome:
+    """How a job's process ended: its exit status (None when it was stopped at the timeout) and its output's tail."""
+
+    returncode: int | None
+    output: str
+
+
+Runner = Callable[[list[str], dict[str, str], float, Path], Outcome]  # (command, environment, timeout, log file)
+
+
+def run_process(command: list[str], env: dict[str, str], timeout: float, log: Path) -> Outcome:
+    """Run `command` with its output in `log`; at the timeout, stop it (SIGTERM, then SIGKILL)."""
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        try:
+            returncode = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                process.wait(_TERM_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            returncode = None
+    with log.open("rb") as f:
+        f.seek(max(0, log.stat().st_size - _TAIL_CHARS))
+        return Outcome(returncode, f.read().decode(errors="replace"))
+
+
+def demo_data(doc_tokens: int) -> list[str]:
+    """Overrides for the long-document demo corpus (data=demo_long) with documents of at least `doc_tokens` tokens,
+    DOCUMENTS_PER_KIND of each kind."""
+    min_chars = CHARS_PER_TOKEN * doc_tokens
+    mean_chars = (MAX_CHARS - MIN_CHARS) / math.log(MAX_CHARS / MIN_CHARS)  # of a log-uniform demo document
+    documents = max(4, math.ceil(2 * DOCUMENTS_PER_KIND * min_chars / mean_chars))
+    return ["data=demo_long", f"data.synthetic_min_chars={min_chars}", f"data.synthetic_documents={documents}"]
+
+
+def launcher(gpus: int) -> list[str]:
+    """The command that starts `legalpt-train` on `gpus` GPUs (one process, or accelerate's launcher)."""
+    train = shutil.which("legalpt-train")
+    if train is None:
+        raise SystemExit("legalpt-train is not on PATH: install the project first (pip install -e .)")
+    if gpus == 1:
+        return [train]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={gpus}", train]
+
+
+@dataclass
+class Jobs:
+    """What the jobs of one benchmark run share, and how each runs."""
+
+    work: Path  # run folders and logs (a job's folder is removed once its row is read)
+    data: list[str]  # the corpus's overrides (demo_data)
+    extra: list[str]  # overrides for every job, applied last (--override)
+    device: str  # cuda | cpu
+    warmup: int  # first steps left out of tokens_per_s and mfu
+    timeout: float  # seconds a job may run
+    runner: Runner = run_process
+    peak: dict = field(default_factory=dict)  # what MFU is against, as the jobs logged it: {"name", "tflops"}
+    _count: itertools.count = field(default_factory=itertools.count)
+
+    def plan(self, setting: Setting, seq_len: int, batch_size: int, steps: int, run_dir: Path) -> tuple[list, dict]:
+        """The job's overrides and the option values it runs with; raises ConfigError for a bad value, before any
+        job starts (the script plans every job first)."""
+        fixed = [*setting.overrides(), *self.data, f"data.seq_len={seq_len}"]
+        positions = compose("train", [*fixed, *self.extra]).model.max_position_embeddings
+        overrides = [
+            *fixed,
+            *([f"model.max_position_embeddings={seq_len}"] if seq_len > positions else []),  # RoPE reaches the row
+            f"train.batch_size={batch_size}",
+            f"train.steps={steps}",
+            "train.log_every=1",
+            f"train.eval_every={steps}",
+            "train.eval_batches=1",
+            f"train.save_every={steps}",
+            "train.keep_checkpoints=1",
+            "train.resume=none",
+            f"train.output_dir={run_dir}",
+            "logger=none",
+            *self.extra,
+        ]
+        cfg = compose("train", overrides)
+        to_config(cfg)
+        return overrides, {name: OmegaConf.select(cfg, f"train.{name}", default=None) for name in OPTIONS}
+
+    def run(self, setting: Setting, seq_len: int, batch_size: int, steps: int) -> dict:
+        """Train `steps` steps of `setting` at (`seq_len`, `batch_size`) in a fresh process; returns its row."""
+        run_dir = self.work / f"run-{next(self._count)}"
+        overrides, options = self.plan(setting, seq_len, batch_size, steps, run_dir)
+        env = {**os.environ, "HYDRA_FULL_ERROR": "1", **({"CUDA_VISIBLE_DEVICES": ""} if self.device == "cpu" else {})}
+        outcome = self.runner([*launcher(setting.gpus), *overrides], env, self.timeout, run_dir.with_suffix(".log"))
+        metrics = read_metrics(run_dir / "metrics.jsonl", self.warmup)
+        self.peak = metrics.pop("peak") or self.peak
+        shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints and the export: gigabytes for the large presets
+        oom, error = failure(outcome, self.timeout)
+        return {
+            "attention": setting.attention,
+            "model": setting.model,
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "gpus": setting.gpus,
+            **options,
+            "steps": steps,
+            **metrics,
+            "oom": oom,
+            "error": error,
+        }
+
+
+def read_metrics(path: Path, warmup: int) -> dict:
+    """tokens_per_s and mfu (medians over the steps after `warmup`, or the last step when no step is left), peak_gib
+    (the largest), each None where the job logged none; and "peak", what MFU is against (None if not logged)."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    steps = [m for m in map(json.loads, lines) if "train/tokens_per_s" in m]
+    measured = steps[warmup:] or steps[-1:]
+
+    def median(key: str) -> float | None:
+        values = [m[key] for m in measured if m.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    peaks = [m["train/peak_gib"] for m in steps if m.get("train/peak_gib") is not None]
+    named = next((m for m in steps if "train/mfu_peak" in m), None)
+    return {
+        "tokens_per_s": median("train/tokens_per_s"),
+        "mfu": median("train/mfu"),
+        "peak_gib": max(peaks, default=None),
+        "peak": named and {"name": named["train/mfu_peak"], "tflops": named.get("train/mfu_peak_tflops")},
+    }
+
+
+def failure(outcome: Outcome, timeout: float) -> tuple[bool, str | None]:
+    """(oom, error) of a job's outcome: (False, None) when it succeeded."""
+    if outcome.returncode is None:
+        return False, f"stopped at the timeout ({timeout:.0f} s)"
+    if outcome.returncode == 0:
+        return False, None
+    if outcome.returncode == -signal.SIGKILL or _OOM.search(outcome.output):
+        return True, None
+    lines = [line.strip() for line in outcome.output.splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"Error|Exception", line)]
+    return False, ((errors or lines or [f"exit status {outcome.returncode}"])[-1])[:300]

@@ -1,0 +1,176 @@
+"""scripts/bench_train.py: a CPU dry run through legalpt-train, and, with a fake runner standing in for the trainer's
+process, how rows, out-of-memory jobs, failures, the longest-seq_len search and a merged second part are recorded."""
+
+import importlib.util
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+ROW_KEYS = {"attention", "model", "seq_len", "batch_size", "gpus", "activation_checkpointing", "compile", "loss_impl",
+            "steps", "tokens_per_s", "mfu", "peak_gib", "oom", "error", "vs_sdpa"}  # fmt: skip
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # as `python scripts/bench_train.py` finds scripts/benchmarking
+    spec = importlib.util.spec_from_file_location("bench_train", SCRIPTS / "bench_train.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_train", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def fake_bench(bench, monkeypatch):
+    """The script with the header computed in this process (the dry run tests the separate process)."""
+    record = sys.modules["benchmarking.record"]
+    monkeypatch.setattr(bench, "machine_header", lambda device, argv: record.header("train", device, "x.py", argv))
+    return bench
+
+
+def _record(out: Path) -> dict:
+    [path] = out.glob("train-*.json")
+    return json.loads(path.read_text())
+
+
+class FakeTrainer:
+    """Stands in for legalpt-train: a job fits when seq_len <= capacity[attention]; one that fits writes
+    metrics.jsonl with a slow first step, then `speed[attention]` tokens/s for every other step."""
+
+    def __init__(self, capacity: dict, speed: dict, fail: str | None = None):
+        self.capacity, self.speed, self.fail = capacity, speed, fail
+        self.commands: list[list[str]] = []
+
+    def __call__(self, command, env, timeout, log):
+        bench = sys.modules["benchmarking.train.runs"]
+        self.commands.append(command)
+        given = dict(arg.split("=", 1) for arg in command if "=" in arg and not arg.startswith("-"))
+        attention, seq_len = given["model.attn_implementation"], int(given["data.seq_len"])
+        if self.fail == attention:
+            return bench.Outcome(1, "Traceback (most recent call last):\nValueError: no kernel for this shape\n")
+        if seq_len > self.capacity[attention]:
+            return bench.Outcome(1, f"step 1\n{OOM}\nSet HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
+        run_dir = Path(given["train.output_dir"])
+        run_dir.mkdir(parents=True)
+        with (run_dir / "metrics.jsonl").open("w") as f:
+            f.write(json.dumps({"step": 0, "eval/loss": 5.0}) + "\n")
+            for step in range(1, int(given["train.steps"]) + 1):
+                speed = self.speed[attention] * (0.1 if step == 1 else 1 + step / 100)
+                metrics = {"train/tokens_per_s": speed, "train/mfu": speed / 1e6, "train/peak_gib": seq_len / 100}
+                peak = {"train/mfu_peak": "Fake GPU (dense bf16 table)", "train/mfu_peak_tflops": 1.0}
+                f.write(json.dumps({"step": step, **metrics, **peak}) + "\n")
+        return bench.Outcome(0, "done\n")
+
+
+def fake_args(tmp_path, *more):
+    return ["--device", "cpu", "--models", "tiny", "--seq-lens", "256", "512", "--steps", "4", "--warmup", "1",
+            "--out", str(tmp_path), *more]  # fmt: skip
+
+
+def test_a_cpu_dry_run_writes_the_record(bench, tmp_path, capsys):
+    """Two real jobs (each a fresh legalpt-train process, ~20 s on 2 busy cores): the fake runner below covers more
+    seq_lens and the search."""
+    out = tmp_path / "out"
+    overrides = ["data.vocab_size=400", f"data.cache_dir={tmp_path / 'cache'}"]
+    args = ["--device", "cpu", "--models", "tiny", "--seq-lens", "256", "--steps", "3", "--warmup", "1"]
+    assert bench.main([*args, "--override", *overrides, "--out", str(out)]) == 0
+    record = _record(out)
+    head = record["header"]
+    assert head["benchmark"] == "train" and head["gpu"].startswith("cpu") and head["gpu_count"] == 0
+    assert {"torch", "transformers", "legalpt", "commit", "date"} <= set(head) and head["complete"]
+    assert head["command"].split()[1:3] == ["scripts/bench_train.py", "--device"]
+    assert "data=demo_long" in head["data"] and head["overrides"] == overrides and head["search"] is None
+    ours, sdpa = record["rows"]
+    assert (ours["attention"], sdpa["attention"]) == ("legalpt", "sdpa")
+    for row in (ours, sdpa):
+        assert set(row) == ROW_KEYS
+        assert (row["model"], row["seq_len"], row["batch_size"], row["gpus"], row["steps"]) == ("tiny", 256, 1, 1, 3)
+        assert row["tokens_per_s"] > 0 and not row["oom"] and row["error"] is None
+        assert row["mfu"] is None and row["peak_gib"] is None  # a CPU has neither
+        assert (row["activation_checkpointing"], row["loss_impl"]) == ("none", "plain")  # the config's defaults
+    assert ours["vs_sdpa"] == pytest.approx(ours["tokens_per_s"] / sdpa["tokens_per_s"]) and sdpa["vs_sdpa"] is None
+    printed = capsys.readouterr().out
+    assert "vs sdpa" in printed and f"{ours['vs_sdpa']:.2f}x" in printed
+
+
+def test_an_oom_is_recorded_and_the_search_brackets_the_capacity(fake_bench, tmp_path):
+    capacity = {"legalpt": 3000, "sdpa": 700}
+    fake = FakeTrainer(capacity, {"legalpt": 2000.0, "sdpa": 1000.0})
+    assert fake_bench.main(fake_args(tmp_path, "--search-max", "8192"), runner=fake) == 0
+    record = _record(tmp_path)
+    assert record["header"]["mfu_peak"] == {"name": "Fake GPU (dense bf16 table)", "tflops": 1.0}
+    row = record["rows"][0]
+    # the median of steps 2..4 (the first is warmup): 2000 * 1.03; the peak is the largest step's
+    assert row["tokens_per_s"] == pytest.approx(2000 * 1.03) and row["mfu"] == pytest.approx(2000 * 1.03 / 1e6)
+    assert row["peak_gib"] == pytest.approx(2.56) and row["vs_sdpa"] == pytest.approx(2.0)
+    search = sys.modules["benchmarking.train.search"]
+    for entry in record["longest"]:
+        cap, longest, oom = capacity[entry["attention"]], entry["longest_seq_len"], entry["first_oom"]
+        assert longest <= cap < oom and oom - longest <= max(longest / search.PRECISION, 2 * search.STEP)
+        assert entry["complete"] and entry["error"] is None
+    tries = record["search"]
+    assert all(t["oom"] == (t["seq_len"] > capacity[t["attention"]]) for t in tries)
+    assert all(t["oom"] and t["tokens_per_s"] is None for t in tries if t["seq_len"] > capacity[t["attention"]])
+    assert all(t["steps"] == 2 and t["batch_size"] == 1 for t in tries)
+    measured = {(r["attention"], r["seq_len"]) for r in record["rows"]}
+    assert not {(t["attention"], t["seq_len"]) for t in tries} & measured  # the rows' jobs are not run again
+
+
+def test_a_merged_part_continues_the_search(fake_bench, tmp_path):
+    fake = FakeTrainer({"legalpt": 3000, "sdpa": 3000}, {"legalpt": 1.0, "sdpa": 1.0})
+    assert fake_bench.main(fake_args(tmp_path, "--attention", "legalpt", "--search-max", "1024"), runner=fake) == 0
+    first = len(fake.commands)
+    more = ["--seq-lens", "--attention", "legalpt", "--search-max", "8192", "--search-start", "256", "--merge"]
+    assert fake_bench.main([*fake_args(tmp_path), *more], runner=fake) == 0
+    tried = [int(c.split("=")[1]) for command in fake.commands[first:] for c in command if c.startswith("data.seq_len")]
+    assert tried[0] == 2048 and 1024 not in tried  # 256..1024 are known from the first part
+    record = _record(tmp_path)
+    assert [r["seq_len"] for r in record["rows"]] == [256, 512] and len(record["header"]["parts"]) == 2
+    [entry] = record["longest"]
+    assert entry["longest_seq_len"] <= 3000 < entry["first_oom"] and entry["search_max"] == 8192
+
+
+def test_a_failure_other_than_memory_stops_the_search(fake_bench, tmp_path):
+    fake = FakeTrainer({"legalpt": 3000, "sdpa": 3000}, {"legalpt": 1.0, "sdpa": 1.0}, fail="sdpa")
+    assert fake_bench.main(fake_args(tmp_path, "--search-max", "8192"), runner=fake) == 0
+    record = _record(tmp_path)
+    failed = [r for r in record["rows"] if r["attention"] == "sdpa"]
+    assert all(r["error"] == "ValueError: no kernel for this shape" and not r["oom"] for r in failed)
+    assert all(r["vs_sdpa"] is None for r in record["rows"])
+    by_attention = {e["attention"]: e for e in record["longest"]}
+    assert by_attention["sdpa"]["error"] == "ValueError: no kernel for this shape"
+    assert by_attention["sdpa"]["longest_seq_len"] is None and by_attention["legalpt"]["error"] is None
+    assert all(t["attention"] == "legalpt" for t in record["search"])
+
+
+def test_options_are_overridden_only_when_given(fake_bench, tmp_path):
+    fake = FakeTrainer({"legalpt": 3000, "sdpa": 3000}, {"legalpt": 1.0, "sdpa": 1.0})
+    assert fake_bench.main(fake_args(tmp_path, "--attention", "sdpa"), runner=fake) == 0
+    assert not any(arg.startswith(("train.activation_checkpointing", "train.loss_impl")) for arg in fake.commands[0])
+    assert "data=demo_long" in fake.commands[0] and "model=tiny" in fake.commands[0]
+    more = ["--attention", "sdpa", "--activation-checkpointing", "full", "--loss-impl", "chunked"]
+    assert fake_bench.main(fake_args(tmp_path, *more), runner=fake) == 0
+    assert {"train.activation_checkpointing=full", "train.loss_impl=chunked"} <= set(fake.commands[-1])
+    row = _record(tmp_path)["rows"][0]
+    assert (row["activation_checkpointing"], row["loss_impl"]) == ("full", "chunked")
+
+
+def test_a_bad_option_stops_before_any_job(fake_bench, tmp_path):
+    fake = FakeTrainer({"legalpt": 3000}, {"legalpt": 1.0})
+    with pytest.raises(SystemExit, match=r"train\.activation_checkpointing"):
+        fake_bench.main(fake_args(tmp_path, "--activation-checkpointing", "sometimes"), runner=fake)
+    assert fake.commands == [] and not list(tmp_path.glob("train-*.json"))
+
+
+def test_how_a_job_ended(bench):
+    runs = sys.modules["benchmarking.train.runs"]
+    assert runs.failure(runs.Outcome(0, OOM), 60) == (False, None)  # a message alone is not a failure
+    assert runs.failure(runs.Outcome(1, OOM), 60) == (True, None)
+    assert runs.failure(runs.Outcome(-signal.SIGKILL, ""), 60) == (True, None)  # the host's OOM killer
+    assert runs.failure(runs.Outcome(None, ""), 60) == (False, "stopped at the timeout (60 s)")
+    assert runs.failure(runs.Outcome(2, "a\nKeyError: 'x'\nb\n"), 60) == (False, "KeyError: 'x'")
