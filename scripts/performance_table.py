@@ -42,6 +42,70 @@ def commands(head: dict) -> list[str]:
     return ["```bash", *head.get("parts", [head["command"]]), "```", ""]
 
 
+def training() -> list[str]:
+    """Each GPU's training record: legalpt against sdpa through the same trainer, and the longest seq_len that trains
+    (a CPU dry run is no figure and is left out)."""
+    lines = []
+    for path, record in records("train"):
+        h = record["header"]
+        if not h["gpu_count"]:
+            continue
+        peak = h.get("mfu_peak")
+        against = f"MFU against {peak['name']}, {peak['tflops']:.1f} TFLOP/s per GPU" if peak else "no MFU logged"
+        lines += [
+            f"## Training on the {h['gpu']} (`scripts/bench_train.py`)",
+            "",
+            f"`legalpt-train` in a fresh process per job on the long-document demo corpus ({' '.join(h['data'])}); "
+            f"tokens/s and MFU are medians over the steps after the first {h['warmup']} of {h['steps']}; {against}. "
+            f"{provenance(h, path)}",
+            "",
+            *commands(h),
+            "| model | attention | seq_len | batch × GPUs | checkpointing / loss / compile | tokens/s | MFU | peak GiB "
+            "| / sdpa |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in record["rows"]:
+            lines.append(
+                f"| {r['model']} | {r['attention']} | {r['seq_len']:,} | {r['batch_size']} × {r['gpus']} | "
+                f"{_train_options(r)} | {_measured(r, 'tokens_per_s', '{:,.0f}')} | {_measured(r, 'mfu', '{:.1%}')} | "
+                f"{_measured(r, 'peak_gib', '{:.1f}')} | {_measured(r, 'vs_sdpa', '{:.2f}×')} |"
+            )
+        lines.append("")
+        if record.get("longest"):
+            lines += [
+                f"Longest seq_len that trains at batch 1 ({h['search']['steps']} steps a job; doubling from "
+                f"{h['search']['start']:,}, then bisection to within 1/16):",
+                "",
+                "| model | attention | GPUs | checkpointing / loss / compile | longest | out of memory at |",
+                "|---|---|---|---|---|---|",
+            ]
+            for e in record["longest"]:
+                longest = "–" if e["longest_seq_len"] is None else f"{e['longest_seq_len']:,}"
+                if e["first_oom"] is None:
+                    oom = f"none up to {e['search_max']:,}" if e["complete"] and e["longest_seq_len"] else "–"
+                else:
+                    oom = f"{e['first_oom']:,}"
+                note = f" (failed: {e['error']})" if e["error"] else "" if e["complete"] else " (search not finished)"
+                lines.append(f"| {e['model']} | {e['attention']} | {e['gpus']} | {_train_options(e)} | {longest}{note} "
+                             f"| {oom} |")  # fmt: skip
+            lines.append("")
+    return lines
+
+
+def _train_options(r: dict) -> str:
+    compiled = {True: "compiled", False: "eager", None: "–"}[r["compile"]]
+    return f"{r['activation_checkpointing'] or '–'} / {r['loss_impl'] or '–'} / {compiled}"
+
+
+def _measured(r: dict, name: str, form: str) -> str:
+    """A training row's value: OOM or "failed" where its job did not finish, – where it has no such value."""
+    if r["oom"]:
+        return "OOM"
+    if r["error"]:
+        return "failed"
+    return "–" if r.get(name) is None else form.format(r[name])
+
+
 def default_runs() -> list[str]:
     lines = [
         "## Default job (`legalpt-train`, then `legalpt-eval` on its checkpoint)",
@@ -247,6 +311,7 @@ def main() -> None:
         "per benchmark and GPU; each names its GPU, versions, commit, date and command). Earlier records are in git.",
         "",
         *attention(),
+        *training(),
         *default_runs(),
         *generation(),
         *data_preparation(),

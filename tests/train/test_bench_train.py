@@ -174,3 +174,25 @@ def test_how_a_job_ended(bench):
     assert runs.failure(runs.Outcome(-signal.SIGKILL, ""), 60) == (True, None)  # the host's OOM killer
     assert runs.failure(runs.Outcome(None, ""), 60) == (False, "stopped at the timeout (60 s)")
     assert runs.failure(runs.Outcome(2, "a\nKeyError: 'x'\nb\n"), 60) == (False, "KeyError: 'x'")
+
+
+def test_performance_table_renders_a_gpu_record(fake_bench, tmp_path, monkeypatch):
+    capacity = {"legalpt": 3000, "sdpa": 300}
+    fake = FakeTrainer(capacity, {"legalpt": 2000.0, "sdpa": 1000.0})
+    assert fake_bench.main(fake_args(tmp_path, "--search-max", "4096"), runner=fake) == 0
+    [path] = tmp_path.glob("train-*.json")
+    spec = importlib.util.spec_from_file_location("performance_table", SCRIPTS / "performance_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    monkeypatch.setattr(table, "RESULTS", tmp_path)
+    assert table.training() == []  # a CPU dry run is no figure
+    record = json.loads(path.read_text())
+    record["header"] |= {"gpu": "Fake GPU", "gpu_count": 1}
+    path.write_text(json.dumps(record))
+    text = "\n".join(table.training())
+    assert "## Training on the Fake GPU" in text and "MFU against Fake GPU (dense bf16 table)" in text
+    assert "| tiny | legalpt | 256 | 1 × 1 | none / plain / eager | 2,060 | 0.2% | 2.6 | 2.00× |" in text
+    assert "| tiny | sdpa | 512 | 1 × 1 | none / plain / eager | OOM | OOM | OOM | OOM |" in text
+    longest = {e["attention"]: e for e in record["longest"]}
+    row = f"| tiny | legalpt | 1 | none / plain / eager | {longest['legalpt']['longest_seq_len']:,} | "
+    assert row + f"{longest['legalpt']['first_oom']:,} |" in text
