@@ -38,6 +38,8 @@ MIXED_PRECISIONS = ("auto", "bf16", "fp16", "no")  # train.mixed_precision (lega
 EVAL_TASKS = ("perplexity", "citations", "citation_set", "choice")  # eval.tasks, in report order (legalpt.eval)
 CHOICE_FORMATS = ("auto", "casehold", "legalbench")  # eval.choice_format (columns of each: legalpt.eval.choice)
 LOGGERS = ("wandb", "none")  # logger (legalpt.train.tracking)
+DISTRIBUTED = ("ddp", "fsdp2")  # train.distributed (legalpt.train.distributed)
+PRECISIONS = ("autocast", "bf16-fsdp")  # train.precision (legalpt.train.distributed)
 LOSS_IMPLS = ("plain", "chunked")  # train.loss_impl (legalpt.train.loss)
 # train.activation_checkpointing (legalpt.train.activations)
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective", "attention")
@@ -316,6 +318,12 @@ class TrainConfig:
     activation_checkpointing: str = "none"
     checkpoint_every: int = 2  # activation_checkpointing=selective: layers 0, k, 2k, ... are recomputed
     offload_activations: bool = False  # keep the decoder layers' saved activations in CPU memory (CUDA only)
+    # processes: ddp (a full replica each) | fsdp2 (parameters, gradients and AdamW state sharded per decoder layer)
+    distributed: str = "ddp"
+    # autocast (float32 parameters, compute autocast to train.mixed_precision) | bf16-fsdp (fsdp2 only: bfloat16 copies
+    # of the parameters compute, float32 master weights and AdamW state, gradients reduced in float32)
+    precision: str = "autocast"
+    reshard_after_forward: bool = True  # fsdp2: free each layer's gathered parameters after forward (False: keep them)
 
     def validate(self, key: str = "train") -> None:
         """Raise ConfigError at the first bad field."""
@@ -336,6 +344,13 @@ class TrainConfig:
         _one_of(f"{key}.loss_impl", self.loss_impl, LOSS_IMPLS)
         _at_least(1, self, key, "loss_chunk_tokens", "checkpoint_every")
         _one_of(f"{key}.activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
+        _one_of(f"{key}.distributed", self.distributed, DISTRIBUTED)
+        _one_of(f"{key}.precision", self.precision, PRECISIONS)
+        if self.precision == "bf16-fsdp":  # FSDP2's MixedPrecisionPolicy casts the parameters; DDP has none
+            _expect(self.distributed == "fsdp2", f"{key}.distributed", f"fsdp2 with {key}.precision=bf16-fsdp",
+                    self.distributed)  # fmt: skip
+            _expect(self.mixed_precision in ("auto", "bf16"), f"{key}.mixed_precision",
+                    f"auto or bf16 with {key}.precision=bf16-fsdp", self.mixed_precision)  # fmt: skip
 
 
 @dataclass

@@ -42,17 +42,17 @@ def stated_count(name: str) -> int:
 
 
 def test_presets_are_the_expected_set():
-    assert {path.stem for path in PRESETS.glob("*.yaml")} == {"tiny", "small", "125m", "350m", "1b"}
+    assert {path.stem for path in PRESETS.glob("*.yaml")} == {"tiny", "small", "125m", "350m", "1b", "8b"}
 
 
-@pytest.mark.parametrize("name", ["tiny", "small", "125m", "350m", "1b"])
+@pytest.mark.parametrize("name", ["tiny", "small", "125m", "350m", "1b", "8b"])
 def test_preset_parameter_count_matches_its_comment(name):
     with torch.device("meta"):
         model = build_model(preset(name), make_tokenizer(32000))
     assert count_parameters(model) == stated_count(name)
 
 
-@pytest.mark.parametrize("name", ["125m", "350m", "1b"])
+@pytest.mark.parametrize("name", ["125m", "350m", "1b", "8b"])
 def test_big_presets_are_llama_for_real_runs(name):
     cfg = preset(name)
     assert (cfg.arch, cfg.attention_backend) == ("llama", "auto")

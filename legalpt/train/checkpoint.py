@@ -2,7 +2,9 @@
 
 Layout of a run folder:
     checkpoints/step_000100/   accelerate `save_state` (model, optimizer, scheduler, RNG) + trainer_state.json
-                               (+ data_state_rank<r>.json: each rank's position in a data stream, when streaming)
+                               (+ data_state_rank<r>.json: each rank's position in a data stream, when streaming);
+                               under FSDP2 the model and optimizer are sharded torch.distributed.checkpoint folders
+                               (pytorch_model_fsdp_0/, optimizer_0/), each rank writing and reading its own shards
     hf/                        `save_pretrained` model + tokenizer: a standard HF folder anyone can load
 """
 
@@ -80,11 +82,20 @@ def load_data_state(path: Path, rank: int) -> dict:
 
 
 def export_model(accelerator: Accelerator, model, tokenizer, run_dir: Path) -> Path:
-    """Write the final model and tokenizer as a plain HF folder (loadable without legalpt)."""
+    """Write the final model and tokenizer as a plain HF folder (loadable without legalpt).
+
+    Every rank takes part in gathering the state dict (under FSDP2 each holds a shard; rank 0 receives the full,
+    unsharded tensors in CPU memory), and rank 0 alone writes it."""
     path = export_dir(run_dir)
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped.save_pretrained(str(path), is_main_process=accelerator.is_main_process, save_function=accelerator.save)
+    state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        # A gathered state dict holds one copy per name: tie the copies of tied weights again, so that save_pretrained
+        # drops the tied names as it does for the model's own, shared tensors.
+        for tied, source in unwrapped.all_tied_weights_keys.items():
+            if tied in state_dict and source in state_dict:
+                state_dict[tied] = state_dict[source]
+        unwrapped.save_pretrained(str(path), state_dict=state_dict, save_function=accelerator.save)
         tokenizer.save_pretrained(str(path))
     accelerator.wait_for_everyone()
     return path

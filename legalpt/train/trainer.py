@@ -26,9 +26,10 @@ from legalpt.data.pipeline import format_stats, prepare
 from legalpt.data.stream import format_stream_stats, prepare_stream, stream_batches
 from legalpt.eval.perplexity import heldout_loss
 from legalpt.model import build_model, count_parameters
-from legalpt.runtime import agree_on_run_dir, export_dir, log_on_main_process_only, mixed_precision
+from legalpt.runtime import agree_on_run_dir, export_dir, log_on_main_process_only
 from legalpt.train.activations import apply_activation_checkpointing
 from legalpt.train.checkpoint import export_model, load_checkpoint, load_data_state, resolve_resume, save_checkpoint
+from legalpt.train.distributed import build_accelerator, in_lockstep, prepare_model_and_optimizer
 from legalpt.train.loss import use_chunked_loss
 from legalpt.train.metrics import ModelFlops, Throughput, device_peak
 from legalpt.train.optim import build_optimizer, build_scheduler
@@ -133,9 +134,8 @@ def file_log(path: Path, enabled: bool) -> Iterator[None]:
 def train(cfg: DictConfig | Config) -> TrainResult:
     """Run the pretraining job described by `cfg` and return where its outputs are."""
     cfg = to_config(cfg)  # checks every value, the loop's ranges included, before anything is built
-    accelerator = Accelerator(
-        mixed_precision=mixed_precision(cfg.train.mixed_precision), log_with=tracker_name(cfg.logger)
-    )
+    # DDP or FSDP2 by train.distributed; stops here, before the run folder, if the launch split into separate jobs
+    accelerator = build_accelerator(cfg.train, tracker_name(cfg.logger))
     log_on_main_process_only(accelerator)
     run_dir = agree_on_run_dir(accelerator, cfg.train.output_dir)
     with file_log(run_dir / "train.log", accelerator.is_main_process):
@@ -168,7 +168,7 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
 
     optimizer = build_optimizer(model, tc)
     scheduler = build_scheduler(optimizer, tc)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model, optimizer = prepare_model_and_optimizer(accelerator, model, optimizer, tc)
     accelerator.register_for_checkpointing(scheduler)
 
     step, tokens = 0, 0
@@ -190,7 +190,9 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
         if data.heldout.num_rows == 0:
             return
         loader = make_loader(data.heldout, tc.batch_size, accelerator, seed=None, even_batches=False)
-        # Unwrapped: ranks may see different numbers of batches, and DDP's forward would wait on the others.
+        if accelerator.is_fsdp2:  # a sharded forward needs every rank: those with fewer batches run target-free ones
+            loader = in_lockstep(loader, data.heldout, accelerator, tc.eval_batches)
+        # Unwrapped: under DDP ranks may see different numbers of batches, and its forward would wait on the others.
         unwrapped = accelerator.unwrap_model(model)
         report = heldout_loss(unwrapped, loader, tc.eval_batches, lambda t: accelerator.reduce(t, "sum"))
         metrics.log(step, {"eval/loss": report["loss"], "eval/perplexity": report["perplexity"]})
