@@ -43,6 +43,9 @@ PRECISIONS = ("autocast", "bf16-fsdp")  # train.precision (legalpt.train.distrib
 LOSS_IMPLS = ("plain", "chunked")  # train.loss_impl (legalpt.train.loss)
 # train.activation_checkpointing (legalpt.train.activations)
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective", "attention")
+# train.compile_mode: torch.compile's modes without CUDA graphs, which record a graph per batch shape, and packed
+# batches change shape every step (legalpt.train.compile)
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 ROPE_SCALINGS = ("none", "linear", "dynamic", "llama3", "yarn")  # model.rope_scaling.type (transformers' rope_type)
 # data.vocab_size of a BPE legalpt.data.tokenizer trains: the 256 bytes and its three special tokens
 MIN_BPE_VOCAB = 256 + 3
@@ -324,6 +327,8 @@ class TrainConfig:
     # of the parameters compute, float32 master weights and AdamW state, gradients reduced in float32)
     precision: str = "autocast"
     reshard_after_forward: bool = True  # fsdp2: free each layer's gathered parameters after forward (False: keep them)
+    compile: bool = False  # torch.compile each decoder layer on its own (layers of one shape share its graph)
+    compile_mode: str = "default"  # train.compile: default | max-autotune-no-cudagraphs (longer compile, tuned matmuls)
 
     def validate(self, key: str = "train") -> None:
         """Raise ConfigError at the first bad field."""
@@ -346,6 +351,10 @@ class TrainConfig:
         _one_of(f"{key}.activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
         _one_of(f"{key}.distributed", self.distributed, DISTRIBUTED)
         _one_of(f"{key}.precision", self.precision, PRECISIONS)
+        _one_of(f"{key}.compile_mode", self.compile_mode, COMPILE_MODES)
+        if self.compile:  # Dynamo cannot trace save_on_cpu's hooks: each layer would fall back to eager
+            _expect(not self.offload_activations, f"{key}.offload_activations", f"false with {key}.compile=true",
+                    self.offload_activations)  # fmt: skip
         if self.precision == "bf16-fsdp":  # FSDP2's MixedPrecisionPolicy casts the parameters; DDP has none
             _expect(self.distributed == "fsdp2", f"{key}.distributed", f"fsdp2 with {key}.precision=bf16-fsdp",
                     self.distributed)  # fmt: skip

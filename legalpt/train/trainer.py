@@ -7,6 +7,7 @@ Data → packed rows (legalpt.data) → HF model (legalpt.model) → AdamW + war
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from legalpt.model import build_model, count_parameters
 from legalpt.runtime import agree_on_run_dir, export_dir, log_on_main_process_only
 from legalpt.train.activations import apply_activation_checkpointing
 from legalpt.train.checkpoint import export_model, load_checkpoint, load_data_state, resolve_resume, save_checkpoint
+from legalpt.train.compile import compile_decoder_layers, report_first_step
 from legalpt.train.distributed import build_accelerator, in_lockstep, prepare_model_and_optimizer
 from legalpt.train.loss import use_chunked_loss
 from legalpt.train.metrics import ModelFlops, Throughput, device_peak
@@ -165,6 +167,8 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     apply_activation_checkpointing(model, tc.activation_checkpointing, tc.checkpoint_every, tc.offload_activations)
     if tc.loss_impl == "chunked":
         use_chunked_loss(model, tc.loss_chunk_tokens)
+    if tc.compile:  # after checkpointing, which runs inside the compiled layers; before DDP's or FSDP's wrappers
+        compile_decoder_layers(model, tc.compile_mode)
 
     optimizer = build_optimizer(model, tc)
     scheduler = build_scheduler(optimizer, tc)
@@ -209,7 +213,9 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     peak = device_peak(accelerator.device, tc.peak_tflops)
     meter = Throughput(ModelFlops.of(accelerator.unwrap_model(model)), peak, accelerator)
     batches = meter.counted(batches)  # real tokens and attention pairs, counted on the device
+    first_step = step  # with train.compile this process's first step compiles: it gets a window of its own
     while step < tc.steps:
+        started = time.perf_counter()
         loss, grad_norm, step_tokens = train_step(model, optimizer, batches, tc, accelerator)
         lr = scheduler.get_last_lr()[0]  # the rate this step applied; scheduler.step() sets the next step's
         if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits with the weights
@@ -217,7 +223,8 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
         step += 1
         tokens += step_tokens
         bar.update()
-        if step % tc.log_every == 0 or step == tc.steps:
+        compiled = tc.compile and step == first_step + 1
+        if compiled or step % tc.log_every == 0 or step == tc.steps:
             values = {
                 **meter.read(),  # first: its host sync closes the timed window after the device's queued work
                 "train/loss": accelerator.reduce(loss, "mean").item(),
@@ -225,6 +232,9 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
                 "train/grad_norm": float(grad_norm),
                 "train/tokens": tokens,  # row slots consumed, padding included: the data position
             }
+            if compiled:  # the window of this step alone, so that the next ones measure the compiled steady state
+                values["train/compile_s"] = time.perf_counter() - started  # after meter.read()'s host sync
+                report_first_step(step, values["train/compile_s"])
             metrics.log(step, values)
             bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{values['train/tokens_per_s']:.0f}")
         # tokens/s and MFU measure training, not evaluation and saving

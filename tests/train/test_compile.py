@@ -1,0 +1,161 @@
+"""torch.compile of the decoder layers: one graph per layer shape, no graph break, legalpt attention inside as the
+custom op, the loss and gradients of eager, and no recompilation when the next batch packs other documents.
+
+The layers compile with backend="aot_eager": Dynamo and AOTAutograd trace, partition and differentiate the same graph
+as inductor does, without generating kernels (inductor takes ~40 s per graph on two CPU cores; the trainer uses it)."""
+
+import copy
+import json
+
+import pytest
+import torch
+from test_trainer import tiny_overrides
+from torch._dynamo.backends.registry import lookup_backend
+from torch._dynamo.utils import counters
+
+import legalpt.attention.ops  # noqa: F401 (registers torch.ops.legalpt)
+import legalpt.train.trainer as trainer
+from legalpt.attention import backends
+from legalpt.config import ConfigError, TrainConfig, compose
+from legalpt.data.pack import collate_packed
+from legalpt.data.tokenizer import train_bpe
+from legalpt.model import build_model
+from legalpt.train.activations import apply_activation_checkpointing
+from legalpt.train.compile import compile_decoder_layers
+
+LAYERS = 3
+CASES = [("legalpt", "none"), ("legalpt", "full"), ("legalpt", "selective"), ("legalpt", "attention"), ("sdpa", "none")]
+ATTENTION_OPS = {torch.ops.legalpt.attention_forward, torch.ops.legalpt.attention_forward.default}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo(monkeypatch):
+    """No compiled code, counters or loaded attention backend from an earlier test: each test compiles from the start
+    (first uses of the backends included)."""
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(backends, "_loaded", {})
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_bpe(["the parties agree to the terms of this agreement"] * 20, 300)
+
+
+class RecordingBackend:
+    """aot_eager, keeping each graph Dynamo hands over."""
+
+    def __init__(self):
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs):
+        self.graphs.append(graph)
+        return lookup_backend("aot_eager")(graph, example_inputs)
+
+
+def packed_batch(rng, vocab: int, doc_lens: list[list[int]]) -> dict:
+    """Rows of random tokens packed with documents of `doc_lens` (one list per row), as the trainer's collator packs."""
+    rows = [
+        {"input_ids": [rng.randrange(vocab) for _ in range(sum(lens))], "seq_lens": lens, "num_pad": 0}
+        for lens in doc_lens
+    ]
+    return collate_packed(rows)
+
+
+def models_for(tiny_model_config, tokenizer, attn_implementation: str, checkpointing: str, copies: int = 1):
+    """`copies` equal tiny Llamas (in train mode), each checkpointed by `checkpointing` after copying: a copy would
+    share its original's checkpointing closures, which hold the original's layers."""
+    config = tiny_model_config(
+        num_layers=LAYERS, attn_implementation=attn_implementation, attention_backend="reference"
+    )
+    model = build_model(config, tokenizer).train()
+    models = [model, *(copy.deepcopy(model) for _ in range(copies - 1))]
+    for each in models:
+        apply_activation_checkpointing(each, checkpointing, every=2)
+    return models
+
+
+def loss_and_grads(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize(("attn_implementation", "checkpointing"), CASES)
+def test_compiled_layers_are_one_graph_each_and_train_as_eager(
+    rng, tiny_model_config, tokenizer, attn_implementation, checkpointing
+):
+    """Layers of one kind share one graph (selective checkpointing makes two kinds), Dynamo breaks none, legalpt
+    attention sits in it as the custom op, and loss and gradients equal the eager model's."""
+    eager, compiled = models_for(tiny_model_config, tokenizer, attn_implementation, checkpointing, copies=2)
+    backend = RecordingBackend()
+    compile_decoder_layers(compiled, backend=backend)
+    batch = packed_batch(rng, eager.config.vocab_size, [[30, 2, 16], [9, 20, 19]])
+
+    loss, grads = loss_and_grads(compiled, batch)
+    expected_loss, expected_grads = loss_and_grads(eager, batch)
+
+    assert dict(counters["graph_break"]) == {}
+    assert len(backend.graphs) == (2 if checkpointing == "selective" else 1)
+    if attn_implementation == "legalpt":
+        for graph in backend.graphs:
+            # the op itself, or inside the checkpoint's subgraph
+            targets = {node.target for module in graph.modules() for node in module.graph.nodes}
+            assert targets & ATTENTION_OPS
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoints do not depend on train.compile
+
+
+@pytest.mark.parametrize("attn_implementation", ["legalpt", "sdpa"])
+def test_a_batch_of_other_documents_reuses_the_graph(rng, tiny_model_config, tokenizer, attn_implementation):
+    """cu_seq_lens of another length and another longest document: the graph of the first batch serves."""
+    (model,) = models_for(tiny_model_config, tokenizer, attn_implementation, "none")
+    compile_decoder_layers(model, backend="aot_eager")
+    vocab = model.config.vocab_size
+    loss_and_grads(model, packed_batch(rng, vocab, [[30, 2, 16], [9, 20, 19]]))  # 6 documents, the longest 30
+    with torch.compiler.set_stance("fail_on_recompile"):
+        loss, _ = loss_and_grads(model, packed_batch(rng, vocab, [[4, 4, 4, 4, 32], [10, 10, 10, 10, 8]]))  # 10, 32
+        loss_and_grads(model, packed_batch(rng, vocab, [[48], [40, 8]]))  # 3, 48
+    assert counters["stats"]["unique_graphs"] == 1
+    assert torch.isfinite(loss)
+
+
+def test_compile_mode_and_offloading_are_checked():
+    with pytest.raises(ConfigError, match=r"^train\.compile_mode: expected one of default, max-autotune"):
+        TrainConfig(compile=True, compile_mode="reduce-overhead").validate()
+    with pytest.raises(ConfigError, match=r"^train\.offload_activations: expected false with train\.compile=true"):
+        TrainConfig(compile=True, offload_activations=True).validate()
+    TrainConfig(compile=False, offload_activations=True).validate()
+    with pytest.raises(ValueError, match=r"^train\.compile_mode"):
+        compile_decoder_layers(torch.nn.Module(), "max-autotune")
+
+
+def test_training_compiled_logs_the_first_step_apart_and_follows_eager(tmp_path, monkeypatch):
+    """The first step's window is logged alone with its time (train/compile_s); the losses are those of eager."""
+
+    def compile_on_aot_eager(model, mode):
+        compile_decoder_layers(model, mode, backend="aot_eager")
+
+    monkeypatch.setattr(trainer, "compile_decoder_layers", compile_on_aot_eager)
+    losses = {}
+    for compiled in (False, True):
+        run_dir = tmp_path / f"compile_{compiled}"
+        options = [f"train.output_dir={run_dir}", f"train.compile={compiled}", "train.steps=4", "train.save_every=4"]
+        trainer.train(compose("train", tiny_overrides(tmp_path, *options)))
+        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        losses[compiled] = {m["step"]: m["train/loss"] for m in lines if "train/loss" in m}
+        timed = [m for m in lines if "train/compile_s" in m]
+        if compiled:
+            assert [m["step"] for m in timed] == [1]
+            assert timed[0]["train/compile_s"] > 0
+        else:
+            assert timed == []
+    assert list(losses[True]) == [1, 2, 4]  # step 1 alone, then every log_every=2 steps
+    assert list(losses[False]) == [2, 4]
+    for step, loss in losses[False].items():
+        assert losses[True][step] == pytest.approx(loss, rel=1e-4)
