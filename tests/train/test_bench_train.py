@@ -72,6 +72,7 @@ def fake_args(tmp_path, *more):
             "--out", str(tmp_path), *more]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_cpu_dry_run_writes_the_record(bench, tmp_path, capsys):
     """Two real jobs (each a fresh legalpt-train process, ~20 s on 2 busy cores): the fake runner below covers more
     seq_lens and the search."""
