@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from typing import Any
 
 import hydra
@@ -27,13 +28,27 @@ CONF = str(legalpt.config.CONF_DIR)
 class ValidateConfig(Callback):
     """Checks the composed config (`legalpt.config.to_config`) when a run starts, before Hydra creates its folder
     and before the command imports anything heavy: a bad value ends the command with one line naming its key, and
-    leaves no run folder behind. Hydra turns exceptions raised in callbacks into warnings, so this exits itself."""
+    leaves no run folder behind. For `legalpt-train` under a launcher (WORLD_SIZE set) it also checks that accelerate
+    joins every launched process into one job. Hydra turns exceptions raised in callbacks into warnings, so this
+    exits itself."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _exit_if_invalid(config)
+        if config.hydra.job.name == "train" and "WORLD_SIZE" in os.environ:  # started by torchrun or accelerate
+            _exit_if_split_launch()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _exit_if_invalid(config)  # the base config; each job's swept values are checked by the command itself
+
+
+def _exit_if_split_launch() -> None:
+    """Stop a launch whose processes accelerate does not join into one job, before they write one run folder."""
+    from legalpt.train.distributed import check_launch  # imports torch and accelerate
+
+    try:
+        check_launch()
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from None
 
 
 def _exit_if_invalid(config: DictConfig) -> None:

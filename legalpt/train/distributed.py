@@ -27,7 +27,7 @@ from itertools import islice
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, parse_flag_from_env
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from legalpt.config import ConfigError, TrainConfig
@@ -46,7 +46,7 @@ def build_accelerator(tc: TrainConfig, log_with: str | None) -> Accelerator:
         raise ConfigError(
             "train.distributed: expected fsdp2 when the launcher asks for FSDP (ACCELERATE_USE_FSDP=true, from "
             "`accelerate launch --use_fsdp` or a config with distributed_type: FSDP), got 'ddp'; legalpt shards from "
-            "train.distributed=fsdp2, so launch with a plain multi-process config (conf/accelerate/)"
+            "train.distributed=fsdp2, so launch with a plain multi-process config (scripts/launch/)"
         )
     plugin = fsdp_plugin(tc)
     accelerator = Accelerator(mixed_precision=accelerate_precision(tc), log_with=log_with, fsdp_plugin=plugin)
@@ -58,7 +58,7 @@ def build_accelerator(tc: TrainConfig, log_with: str | None) -> Accelerator:
     return accelerator
 
 
-def check_world_size(accelerator: Accelerator) -> None:
+def check_world_size(accelerator: Accelerator | PartialState) -> None:
     """Stop when the launcher started a different number of processes (WORLD_SIZE) than accelerate joined into this
     job: `--multi_gpu` or torchrun on a host without GPUs starts independent single-process jobs, each of which would
     train alone and write the same run folder."""
@@ -66,10 +66,16 @@ def check_world_size(accelerator: Accelerator) -> None:
     if launched is not None and int(launched) != accelerator.num_processes:
         raise RuntimeError(
             f"WORLD_SIZE={launched} processes were launched, but accelerate joined {accelerator.num_processes} into "
-            "this job (each process would train alone and write the same run folder). Without GPUs launch with "
-            "`accelerate launch --cpu --num_processes N` (under torchrun: ACCELERATE_USE_CPU=true); with GPUs, give "
-            "every process one (CUDA_VISIBLE_DEVICES)."
+            "this job (each process would train alone and write the same run folder). Without GPUs, launch with "
+            "torchrun and ACCELERATE_USE_CPU=true; with GPUs, check that every process sees one (CUDA_VISIBLE_DEVICES)."
         )
+
+
+def check_launch() -> None:
+    """`check_world_size` before the run folder exists (legalpt-train runs it before Hydra makes it): joins this
+    process to the others as the Accelerator made later will, through the PartialState they share."""
+    if "WORLD_SIZE" in os.environ:
+        check_world_size(PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU")))
 
 
 def accelerate_precision(tc: TrainConfig) -> str:
@@ -88,7 +94,8 @@ def precision_policy(precision: str) -> MixedPrecisionPolicy:
 
 def fsdp_plugin(tc: TrainConfig) -> FullyShardedDataParallelPlugin | None:
     """accelerate's FSDP2 plugin for `tc` (None for ddp). Every field is set here, so FSDP_* variables a launcher
-    exports cannot change a run behind its config; the layer classes come from the model (`shard_by_layers`)."""
+    exports cannot change a run behind its config; the layer classes come from the model
+    (`prepare_model_and_optimizer`)."""
     if tc.distributed != "fsdp2":
         return None
     return FullyShardedDataParallelPlugin(

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -71,6 +72,18 @@ def test_a_launch_split_into_separate_jobs_stops_before_the_run_folder(tmp_path,
     assert not run_dir.exists()
 
 
+def test_legalpt_train_stops_a_split_launch_before_hydra_makes_the_run_folder(tmp_path):
+    """The console script: Hydra would create the run folder (its config, train.log) before the command runs."""
+    run_dir = tmp_path / "run"
+    code = "import sys; from legalpt.cli import train_main; sys.argv[0] = 'legalpt-train'; train_main()"
+    env = {**os.environ, "WORLD_SIZE": "2", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    args = [sys.executable, "-c", code, "model=tiny", f"train.output_dir={run_dir}"]
+    result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode != 0
+    assert "WORLD_SIZE=2 processes were launched, but accelerate joined 1" in result.stderr.splitlines()[-1]
+    assert not run_dir.exists()
+
+
 def test_the_guard_passes_a_job_that_holds_every_launched_process(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     check_world_size(SimpleNamespace(num_processes=1))
@@ -84,6 +97,17 @@ def test_ddp_refuses_a_launcher_configured_for_fsdp(monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(ConfigError, match=r"^train\.distributed: expected fsdp2"):
         build_accelerator(TrainConfig(distributed="ddp"), None)
+
+
+def test_launch_configs_describe_processes_not_sharding():
+    """scripts/launch/'s accelerate configs load, and leave sharding to train.distributed (no FSDP launch)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    launch = Path(__file__).resolve().parents[2] / "scripts" / "launch"
+    for name, machines in [("one_node", 1), ("two_nodes", 2)]:
+        config = load_config_from_file(str(launch / f"{name}.yaml"))
+        assert (config.distributed_type, config.num_machines) == ("MULTI_GPU", machines)
+        assert config.num_processes == 8 * machines and not config.use_cpu and config.fsdp_config == {}
 
 
 @pytest.mark.parametrize(
@@ -119,7 +143,8 @@ def test_fsdp2_plugin_comes_from_the_config_alone(monkeypatch):
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
 
 
-def test_autocast_keeps_fsdp2_in_float32_and_ddp_has_no_plugin():
+def test_autocast_keeps_fsdp2_in_float32_and_ddp_has_no_plugin(monkeypatch):
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")  # the plugin exports its value: restored after
     policy = fsdp_plugin(TrainConfig(distributed="fsdp2")).mixed_precision_policy
     assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (None, None, None)
     assert fsdp_plugin(TrainConfig()) is None
