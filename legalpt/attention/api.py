@@ -169,7 +169,7 @@ def _auto(batch: AttentionBatch) -> Backend:
         except ValueError as why:
             reasons.append(str(why))
     reason = reasons[-1]  # fa2's: the one that decided for the reference
-    if reason not in _auto_reasons_logged:
+    if reason not in _auto_reasons_logged and not torch.compiler.is_compiling():  # a log call would break the graph
         _auto_reasons_logged.add(reason)
         level = logging.WARNING if batch.q.is_cuda else logging.INFO
         log.log(level, "attention backend auto: running the reference (%s)", reason)

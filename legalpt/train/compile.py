@@ -24,7 +24,6 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import PreTrainedModel
 
-from legalpt.attention import backends
 from legalpt.config import COMPILE_MODES
 from legalpt.train.activations import decoder_layers
 
@@ -41,7 +40,6 @@ def compile_decoder_layers(model: PreTrainedModel, mode: str = "default", backen
     use aot_eager, which traces and differentiates the same graph without generating kernels)."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"train.compile_mode: expected one of {', '.join(COMPILE_MODES)}, got {mode!r}")
-    _load_attention_backends()
     _mark_packing_dynamic()
     # Under activation checkpointing, transformers' attention forward (its hub-kernel wrapper from the `kernels`
     # package) sets a global and restores it before returning; Dynamo refuses such a side effect inside checkpoint
@@ -50,13 +48,6 @@ def compile_decoder_layers(model: PreTrainedModel, mode: str = "default", backen
     options = {"mode": mode} if backend == "inductor" else {}
     for layer in decoder_layers(model):
         layer.forward = torch.compile(layer.forward, backend=backend, **options)
-
-
-def _load_attention_backends() -> None:
-    """Load every attention backend now: `backends.get` imports a backend's module on its first use, which Dynamo
-    cannot trace, and a graph break there would stay in the compiled layers for the whole run."""
-    for name in backends.NAMES:
-        backends.get(name)
 
 
 def _mark_packing_dynamic() -> None:

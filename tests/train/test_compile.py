@@ -30,11 +30,11 @@ ATTENTION_OPS = {torch.ops.legalpt.attention_forward, torch.ops.legalpt.attentio
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo(monkeypatch):
-    """No compiled code, counters or loaded attention backend from an earlier test: each test compiles from the start
-    (first uses of the backends included)."""
+    """No compiled code, counters or lazily loaded attention backend (flex) from an earlier test: each test compiles
+    from the start, the backends as a fresh process has them."""
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(backends, "_loaded", {})
+    monkeypatch.setattr(backends, "_loaded", {n: b for n, b in backends._loaded.items() if n != "flex"})
     yield
     torch._dynamo.reset()
 
@@ -68,7 +68,7 @@ def models_for(tiny_model_config, tokenizer, attn_implementation: str, checkpoin
     """`copies` equal tiny Llamas (in train mode), each checkpointed by `checkpointing` after copying: a copy would
     share its original's checkpointing closures, which hold the original's layers."""
     config = tiny_model_config(
-        num_layers=LAYERS, attn_implementation=attn_implementation, attention_backend="reference"
+        num_layers=LAYERS, attn_implementation=attn_implementation, attention_backend="auto"
     )
     model = build_model(config, tokenizer).train()
     models = [model, *(copy.deepcopy(model) for _ in range(copies - 1))]

@@ -3,37 +3,27 @@
 - reference: exact block-sparse attention in PyTorch, O(N) memory, any device and dtype (reference.py)
 - fa2, fa3: our CUDA kernels, the FA2 path (sm80+) and the FA3 path (Hopper) (cuda.py, csrc/)
 - sdpa, flex: torch's scaled_dot_product_attention and FlexAttention on the same mask, for comparison
-
-Each is built on first use (FlexAttention's imports alone cost a quarter second), once per process.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from legalpt.attention.backends import cuda, reference, sdpa
 from legalpt.attention.backends.base import AttentionBatch, Backend
 
-# name -> (module, attribute) of the backend object
-_WHERE = {
-    "reference": ("reference", "REFERENCE"),
-    "fa2": ("cuda", "FA2"),
-    "fa3": ("cuda", "FA3"),
-    "sdpa": ("sdpa", "SDPA"),
-    "flex": ("flex", "FLEX"),
-}
-NAMES = tuple(_WHERE)
-
-
-_loaded: dict[str, Backend] = {}  # a plain dict, which torch.compile traces (it would inline a functools.cache)
+NAMES = ("reference", "fa2", "fa3", "sdpa", "flex")
+# Loaded at import, so that torch.compile traces `get` as a dict lookup (an import inside a compiled region is a
+# graph break); flex alone is loaded on first use: FlexAttention's imports cost a quarter second.
+_loaded: dict[str, Backend] = {"reference": reference.REFERENCE, "fa2": cuda.FA2, "fa3": cuda.FA3, "sdpa": sdpa.SDPA}
 
 
 def get(name: str) -> Backend:
     """The backend called `name` (one of NAMES)."""
     if name not in _loaded:
-        if name not in _WHERE:
+        if name != "flex":
             raise ValueError(f"backend: expected one of {', '.join(NAMES)}, got {name!r}")
-        module, attribute = _WHERE[name]
-        _loaded[name] = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+        _loaded[name] = importlib.import_module(f"{__name__}.flex").FLEX
     return _loaded[name]
 
 
