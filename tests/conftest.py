@@ -1,5 +1,5 @@
 """Test setup shared by the whole suite: offline hubs and trackers, the `cuda` marker's skip, and fixtures: seeded
-randomness, the tiny model config, an interrupted training run."""
+randomness, the tiny model config, an interrupted training run, the scripts under scripts/ as modules."""
 
 import os
 
@@ -8,8 +8,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import importlib.util
 import random
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,3 +73,22 @@ def train_until_first_checkpoint(monkeypatch):
         monkeypatch.setattr(trainer, "save_checkpoint", real_save)
 
     return run
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.fixture
+def load_script(monkeypatch) -> Callable:
+    """load_script(name): scripts/<name>.py as a module, finding its imports as `python scripts/<name>.py` does
+    (scripts/ first on the path) and registered under its name (dataclasses look their module up there)."""
+
+    def load(name: str):
+        monkeypatch.syspath_prepend(str(SCRIPTS))
+        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, module)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -1,8 +1,6 @@
 """scripts/ncu_stalls.py on a small table in the layout of ncu's source page (CSV)."""
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,13 +27,8 @@ ROWS = [
 
 
 @pytest.fixture
-def ncu_stalls():
-    spec = importlib.util.spec_from_file_location("ncu_stalls", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+def ncu_stalls(load_script):
+    return load_script("ncu_stalls")
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
 """scripts/ab_attention.py as a CPU dry run: one commit twice (exported, and as a worktree), and its argument checks."""
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -16,11 +15,8 @@ BENCH = ["--device", "cpu", "--masks", "causal", "--head-dims", "64", "--impls",
 
 
 @pytest.fixture
-def ab():
-    spec = importlib.util.spec_from_file_location("ab_attention", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def ab(load_script):
+    return load_script("ab_attention")
 
 
 def _worktrees() -> list[str]:

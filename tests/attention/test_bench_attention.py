@@ -4,7 +4,6 @@ built from (scripts/benchmarking/attention: the shape plan and the merge of a sp
 import importlib
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,13 +13,8 @@ ARGS = ["--device", "cpu", "--masks", "causal", "--head-dims", "64", "--impls", 
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))  # as `python scripts/bench_attention.py` finds scripts/benchmarking
-    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPTS / "bench_attention.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_attention", module)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_script):
+    return load_script("bench_attention")
 
 
 @pytest.fixture

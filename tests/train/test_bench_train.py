@@ -1,7 +1,6 @@
 """scripts/bench_train.py: a CPU dry run through legalpt-train, and, with a fake runner standing in for the trainer's
 process, how rows, out-of-memory jobs, failures, the longest-seq_len search and a merged second part are recorded."""
 
-import importlib.util
 import json
 import signal
 import sys
@@ -16,13 +15,8 @@ OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))  # as `python scripts/bench_train.py` finds scripts/benchmarking
-    spec = importlib.util.spec_from_file_location("bench_train", SCRIPTS / "bench_train.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_train", module)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_script):
+    return load_script("bench_train")
 
 
 @pytest.fixture
@@ -177,14 +171,12 @@ def test_how_a_job_ended(bench):
     assert runs.failure(runs.Outcome(2, "a\nKeyError: 'x'\nb\n"), 60) == (False, "KeyError: 'x'")
 
 
-def test_performance_table_renders_a_gpu_record(fake_bench, tmp_path, monkeypatch):
+def test_performance_table_renders_a_gpu_record(fake_bench, tmp_path, monkeypatch, load_script):
     capacity = {"legalpt": 3000, "sdpa": 300}
     fake = FakeTrainer(capacity, {"legalpt": 2000.0, "sdpa": 1000.0})
     assert fake_bench.main(fake_args(tmp_path, "--search-max", "4096"), runner=fake) == 0
     [path] = tmp_path.glob("train-*.json")
-    spec = importlib.util.spec_from_file_location("performance_table", SCRIPTS / "performance_table.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    table = load_script("performance_table")
     monkeypatch.setattr(table, "RESULTS", tmp_path)
     assert table.training() == []  # a CPU dry run is no figure
     record = json.loads(path.read_text())

@@ -15,6 +15,7 @@ import torch
 from accelerate.utils import FullyShardedDataParallelPlugin
 from safetensors.torch import load_file
 from torch.distributed.fsdp import CPUOffloadPolicy, StateDictType
+from train_helpers import tiny_overrides
 from transformers import AutoModelForCausalLM
 
 import legalpt.train.trainer as trainer
@@ -30,25 +31,6 @@ from legalpt.train.distributed import (
     fsdp_plugin,
     in_lockstep,
 )
-
-
-def tiny_overrides(tmp_path, *extra, steps: int = 6):
-    """A tiny run of `steps` steps that evaluates and saves at the start, halfway and at the end."""
-    return [
-        "model=tiny",
-        "data.synthetic_documents=6",
-        "data.seq_len=128",
-        "data.vocab_size=400",
-        f"data.cache_dir={tmp_path / 'cache'}",
-        f"train.steps={steps}",
-        f"train.warmup_steps={steps // 3}",
-        f"train.eval_every={steps // 2}",
-        "train.eval_batches=2",
-        f"train.save_every={steps // 2}",
-        "train.log_every=2",
-        "logger=none",
-        *extra,
-    ]
 
 
 class Vocabulary:

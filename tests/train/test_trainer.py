@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from accelerate.utils import LoggerType
+from train_helpers import tiny_overrides as shared_tiny_overrides
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import legalpt.train.trainer as trainer
@@ -16,23 +17,9 @@ from legalpt.train.optim import build_optimizer, lr_factor
 from legalpt.train.tracking import tracker_name
 
 
-def tiny_overrides(tmp_path, *extra):
-    return [
-        "model=tiny",
-        "data.synthetic_documents=6",
-        "data.seq_len=128",
-        "data.vocab_size=400",
-        f"data.cache_dir={tmp_path / 'cache'}",
-        "train.steps=6",
-        "train.batch_size=2",
-        "train.warmup_steps=2",
-        "train.eval_every=3",
-        "train.eval_batches=2",
-        "train.save_every=3",
-        "train.log_every=2",
-        "logger=none",
-        *extra,
-    ]
+def tiny_overrides(tmp_path, *extra: str) -> list[str]:
+    """train_helpers' tiny run, in rows of two."""
+    return shared_tiny_overrides(tmp_path, "train.batch_size=2", *extra)
 
 
 def test_lr_schedule_warms_up_then_decays_to_floor():
