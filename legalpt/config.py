@@ -194,7 +194,7 @@ class DedupConfig:
 
     exact: bool = True  # drop documents whose normalized text hashes equal an earlier one's
     near: bool = True  # drop near-duplicates found by MinHash LSH
-    threshold: float = 0.8  # estimated Jaccard similarity of shingle sets at which two documents are duplicates
+    threshold: float = 0.8  # Jaccard similarity of shingle sets at which two documents are duplicates
     shingle_words: int = 5  # words per shingle
     num_perm: int = 128  # MinHash permutations (at least 2)
     examples: int = 5  # duplicate pairs listed in the report

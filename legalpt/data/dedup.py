@@ -5,8 +5,17 @@
 - exact: documents whose normalized text (lowercased, whitespace runs collapsed) has the same BLAKE2b hash as an
   earlier one's;
 - near: MinHash signatures (datasketch) of the sets of `shingle_words`-word shingles, indexed with MinHashLSH. A
-  document is a near duplicate when an earlier kept document is among its LSH candidates and their estimated Jaccard
-  similarity is at least `threshold`. Documents shorter than one shingle have no signature: only exact dedup applies.
+  document is a near duplicate when an earlier kept document is among its LSH candidates and the Jaccard similarity
+  of their shingle sets is at least `threshold`. Documents shorter than one shingle have no signature: only exact
+  dedup applies.
+
+  The banding (b bands of r rows) is chosen for the threshold, not left to datasketch's default (which makes a pair
+  at Jaccard 0.80 a candidate only ~40% of the time): the most rows per band, hence the fewest false candidates, with
+  which a pair exactly at the threshold still shares a band with probability 1 - (1 - t^r)^b >= 95% (`bands`). Each
+  candidate is then verified on the true Jaccard of the two shingle sets, recomputed from the texts, so no pair below
+  the threshold is removed; the MinHash estimate only skips candidates far below it (more than 4 standard errors) before
+  that costlier check. With the default 128 permutations the estimate alone could not do both: its standard error at
+  0.8 is 0.035, so a pair at the threshold would pass half the time and one at 0.75 a tenth of the time.
 
 Hashes and signatures are computed in parallel with `datasets.map`; the in-order pass over them is sequential, because
 whether a document is kept depends on every document before it.
@@ -17,6 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import datasets
@@ -27,6 +37,7 @@ from legalpt.config import DedupConfig
 
 _SEED = 1  # seed of the MinHash permutations: fixed, so signatures are identical in every process and run
 _SCHEME = "affine32"  # datasketch's permutation scheme; signatures are uint32
+_CANDIDATE_PROBABILITY = 0.95  # chance that a pair exactly at the threshold becomes an LSH candidate, at least
 _NO_SIGNATURE = np.zeros(0, np.uint32)  # typed, so that a batch mixing it with signatures converts to one Arrow type
 _FEATURES = datasets.Features(
     {"exact_hash": datasets.Value("string"), "minhash": datasets.List(datasets.Value("uint32"))}
@@ -38,8 +49,8 @@ def deduplicate(documents: datasets.Dataset, cfg: DedupConfig, num_proc: int = 1
     `{"documents", "kept", "exact_duplicates", "near_duplicates", "too_short_for_near", "examples"}`, where
     `too_short_for_near` counts the documents, not exact duplicates, that near dedup could not check because they are
     shorter than one shingle (0 when near is off), and `examples` lists up to `cfg.examples` pairs
-    `{"kept_id", "removed_id", "kind": "exact" | "near", "similarity"}` (the estimated Jaccard similarity, to 4
-    decimals, for near duplicates; 1.0 for exact ones)."""
+    `{"kept_id", "removed_id", "kind": "exact" | "near", "similarity"}` (the Jaccard similarity of the shingle sets,
+    to 4 decimals, for near duplicates; 1.0 for exact ones)."""
     _check(documents, cfg, num_proc)
     report: dict[str, Any] = {
         "documents": documents.num_rows,
@@ -60,7 +71,7 @@ def deduplicate(documents: datasets.Dataset, cfg: DedupConfig, num_proc: int = 1
         num_proc=num_proc if num_proc > 1 else None,
         desc="dedup signatures",
     )
-    keep = _scan(signatures, documents["id"], cfg, report)
+    keep = _scan(signatures, documents, cfg, report)
     report["kept"] = len(keep)
     return (documents if len(keep) == documents.num_rows else documents.select(keep)), report
 
@@ -68,6 +79,27 @@ def deduplicate(documents: datasets.Dataset, cfg: DedupConfig, num_proc: int = 1
 def normalize(text: str) -> str:
     """The text compared for exact duplicates: lowercased, whitespace runs collapsed to one space, stripped."""
     return " ".join(text.lower().split())
+
+
+def bands(threshold: float, num_perm: int) -> tuple[int, int]:
+    """(b, r), the LSH banding for `threshold`: the most rows per band r, with b = num_perm // r bands (at least 2,
+    datasketch's minimum), such that a pair at the threshold becomes a candidate with probability
+    1 - (1 - threshold^r)^b >= 95%; one row per band (the most candidates) when no banding reaches it."""
+    for rows in range(num_perm // 2, 1, -1):
+        if candidate_probability(threshold, num_perm // rows, rows) >= _CANDIDATE_PROBABILITY:
+            return num_perm // rows, rows
+    return num_perm, 1
+
+
+def candidate_probability(similarity: float, b: int, r: int) -> float:
+    """Probability that two documents of Jaccard `similarity` share at least one of b LSH bands of r rows."""
+    return 1 - (1 - similarity**r) ** b
+
+
+def _shingles(normalized: str, shingle_words: int) -> set[str]:
+    """The set of `shingle_words`-word shingles of a normalized text (empty when it is shorter than one shingle)."""
+    words = normalized.split()
+    return {" ".join(words[i : i + shingle_words]) for i in range(len(words) - shingle_words + 1)}
 
 
 def _signatures(batch: dict[str, list], shingle_words: int, num_perm: int, near: bool) -> dict[str, list]:
@@ -80,8 +112,7 @@ def _signatures(batch: dict[str, list], shingle_words: int, num_perm: int, near:
     for text in batch["text"]:
         normalized = normalize(text)
         hashes.append(hashlib.blake2b(normalized.encode(), digest_size=16).hexdigest())
-        words = normalized.split()
-        shingles = {" ".join(words[i : i + shingle_words]) for i in range(len(words) - shingle_words + 1)}
+        shingles = _shingles(normalized, shingle_words)
         if not near or not shingles:
             minhashes.append(_NO_SIGNATURE)
             continue
@@ -91,8 +122,23 @@ def _signatures(batch: dict[str, list], shingle_words: int, num_perm: int, near:
     return {"exact_hash": hashes, "minhash": minhashes}
 
 
-def _scan(signatures: datasets.Dataset, ids: list[str], cfg: DedupConfig, report: dict[str, Any]) -> list[int]:
+def _scan(
+    signatures: datasets.Dataset, documents: datasets.Dataset, cfg: DedupConfig, report: dict[str, Any]
+) -> list[int]:
     """Indices of the documents kept, in order; counts and example pairs of the removed ones go into `report`."""
+    ids = documents["id"]
+    texts = documents.select_columns(["text"])
+
+    @functools.lru_cache(maxsize=16)  # a kept document is often the candidate of several later ones
+    def shingles(index: int) -> frozenset[str]:
+        return frozenset(_shingles(normalize(texts[index]["text"]), cfg.shingle_words))
+
+    def similarity(a: int, b: int) -> float:
+        return len(shingles(a) & shingles(b)) / len(shingles(a) | shingles(b))
+
+    # the estimate's standard error is at most 0.5 / sqrt(num_perm): a pair at the threshold is skipped before the
+    # exact check with probability < 1e-4
+    margin = 4 * 0.5 / cfg.num_perm**0.5
     first_by_hash: dict[str, int] = {}
     lsh = _lsh(cfg.threshold, cfg.num_perm) if cfg.near else None
     kept_minhashes: dict[int, LeanMinHash] = {}
@@ -105,7 +151,8 @@ def _scan(signatures: datasets.Dataset, ids: list[str], cfg: DedupConfig, report
             report["too_short_for_near"] += 1
         if row["minhash"]:
             minhash = LeanMinHash(seed=_SEED, hashvalues=np.asarray(row["minhash"], np.uint32), scheme=_SCHEME)
-            match = _best_match(minhash, lsh.query(minhash), kept_minhashes, cfg.threshold)
+            exact = functools.partial(similarity, index)
+            match = _best_match(minhash, lsh.query(minhash), kept_minhashes, cfg.threshold, exact, margin)
             if match is not None:
                 _removed(report, cfg.examples, "near", ids[match[1]], ids[index], match[0])
                 continue
@@ -117,22 +164,28 @@ def _scan(signatures: datasets.Dataset, ids: list[str], cfg: DedupConfig, report
 
 
 def _best_match(
-    minhash: LeanMinHash, candidates: list[int], kept: dict[int, LeanMinHash], threshold: float
+    minhash: LeanMinHash,
+    candidates: list[int],
+    kept: dict[int, LeanMinHash],
+    threshold: float,
+    exact: Callable[[int], float] | None = None,
+    margin: float = 0.0,
 ) -> tuple[float, int] | None:
     """(similarity, index) of the most similar candidate at or above `threshold` (the earliest among equals), or
-    None. LSH candidates are only likely matches, so each one is checked against the estimated Jaccard."""
-    scored = [(minhash.jaccard(kept[index]), -index) for index in candidates]
+    None. LSH candidates are only likely matches, so each one is checked: those whose estimated Jaccard is at least
+    `threshold - margin` are scored by `exact(index)`, their true similarity, when given, else by the estimate."""
+    scored = []
+    for index in candidates:
+        estimate = minhash.jaccard(kept[index])
+        if estimate >= threshold - margin:
+            scored.append((estimate if exact is None else exact(index), -index))
     best = max((pair for pair in scored if pair[0] >= threshold), default=None)
     return None if best is None else (best[0], -best[1])
 
 
 def _lsh(threshold: float, num_perm: int) -> MinHashLSH:
-    """An LSH index for `threshold`. For thresholds near 1 datasketch's optimal banding is a single band, which it
-    refuses; two bands are then the most selective choice it accepts, and every candidate is verified anyway."""
-    try:
-        return MinHashLSH(threshold=threshold, num_perm=num_perm)
-    except ValueError:
-        return MinHashLSH(threshold=threshold, num_perm=num_perm, params=(2, num_perm // 2))
+    """An LSH index banded for `threshold` (see `bands`)."""
+    return MinHashLSH(threshold=threshold, num_perm=num_perm, params=bands(threshold, num_perm))
 
 
 def _removed(

@@ -11,7 +11,7 @@ import pytest
 from datasketch import LeanMinHash
 
 from legalpt.config import DedupConfig
-from legalpt.data.dedup import _best_match, deduplicate
+from legalpt.data.dedup import _best_match, _lsh, deduplicate
 from legalpt.data.demo import generate_documents
 
 MIN_WORDS = 2_000  # long enough that 3 changed words keep the shingle Jaccard near 0.99
@@ -191,6 +191,52 @@ def test_candidates_verified_against_threshold():
     assert _best_match(query, [12, 3], kept, 0.6) == (0.7, 12)
     assert _best_match(query, [12, 9, 5, 3], kept, 0.95) is None
     assert _best_match(query, [], kept, 0.1) is None
+
+
+@pytest.mark.parametrize("num_perm", [16, 64, 128, 256])
+@pytest.mark.parametrize("threshold", [0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0])
+def test_banding_finds_pairs_at_the_threshold(threshold, num_perm):
+    """The index's bands make a pair exactly at the threshold a candidate with probability >= 95%."""
+    lsh = _lsh(threshold, num_perm)
+    assert lsh.b >= 2 and lsh.b * lsh.r <= num_perm
+    assert 1 - (1 - threshold**lsh.r) ** lsh.b >= 0.95
+
+
+def test_recall_and_precision_on_edited_copies():
+    """Copies of generated documents with a controlled share of words changed: at least 95% of the copies whose true
+    shingle Jaccard with their original is at or above the threshold are removed as its near duplicates, and none
+    below threshold - 0.05 (nor any other document below the threshold) is removed."""
+    threshold, rng = 0.8, random.Random(34)  # fixed: the measured recall is reproducible
+    originals = [r for r in generate_documents(400, seed=34) if 800 <= len(r["text"].split()) <= 4000]
+    originals = [{"id": r["id"], "text": r["text"]} for r in originals][:160]
+    assert len(originals) == 160
+    copies, truth = [], {}
+    for i, original in enumerate(originals):
+        # two thirds of the copies at or just above the threshold, where recall is hardest; the rest below it
+        target = rng.uniform(0.8, 0.9) if i % 3 else rng.uniform(0.6, 0.76)
+        shingles = len(original["text"].split()) - 4
+        changes = max(1, round(shingles * (1 - target) / (5 * (1 + target))))  # one word changes 5 shingles
+        copy = variant(original, edit(original["text"], changes, rng), "copy")
+        copies.append(copy)
+        truth[copy["id"]] = (original["id"], jaccard(original["text"], copy["text"]))
+    rng.shuffle(copies)
+    records = originals + copies
+    kept, report = deduplicate(dataset(records), DedupConfig(threshold=threshold, examples=len(records)))
+    removed = {pair["removed_id"]: pair for pair in report["examples"]}
+    assert report["near_duplicates"] == len(removed) and report["exact_duplicates"] == 0
+    above = [c for c, (_, similarity) in truth.items() if similarity >= threshold]
+    below = [c for c, (_, similarity) in truth.items() if similarity < threshold - 0.05]
+    assert len(above) >= 90 and len(below) >= 40
+    assert min(truth[c][1] for c in above) < 0.82  # pairs right at the threshold are among them
+    found = [c for c in above if c in removed and removed[c]["kept_id"] == truth[c][0]]
+    recall, below_removed = len(found) / len(above), len(set(below) & set(removed))
+    print(f"recall {recall:.3f} ({len(found)}/{len(above)}), removed below: {below_removed}/{len(below)}")
+    assert recall >= 0.95 and below_removed == 0
+    assert set(kept["id"]) >= {r["id"] for r in originals}
+    texts = {r["id"]: r["text"] for r in records}
+    for removed_id, pair in removed.items():  # every removal is a true near duplicate of the document kept
+        assert jaccard(texts[pair["kept_id"]], texts[removed_id]) >= threshold
+        assert abs(pair["similarity"] - jaccard(texts[pair["kept_id"]], texts[removed_id])) < 1e-4
 
 
 def test_examples_limit_num_proc_and_determinism(corpus):
