@@ -82,6 +82,9 @@ def prepare_main(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="eval")
 def eval_main(cfg: DictConfig) -> None:
-    from legalpt.eval.run import evaluate
+    from legalpt.eval.run import CheckpointError, evaluate
 
-    evaluate(cfg)
+    try:
+        evaluate(cfg)
+    except CheckpointError as error:  # checked before anything loads: one line naming the setting and the path
+        raise SystemExit(str(error)) from None

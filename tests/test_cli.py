@@ -67,6 +67,28 @@ def test_missing_file_is_named(tmp_path):
     assert str(missing) in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("checkpoint", "expected"),
+    [
+        ("/nonexistent", "is not a folder and not a hub id"),
+        ("not a model", "has no config.json: expected a Hugging Face model folder (a run's hf/ export"),
+        ("a file.txt", "is a file: expected a Hugging Face model folder"),
+        ("legalpt-tests/no-such-model", "is not in the local cache (HF_HUB_OFFLINE is set)"),
+    ],
+)
+def test_a_checkpoint_that_is_no_model_stops_with_one_line(tmp_path, checkpoint, expected):
+    (tmp_path / "not a model").mkdir()
+    (tmp_path / "not a model" / "notes.txt").write_text("no model here")
+    (tmp_path / "a file.txt").write_text("no model here")
+    if not checkpoint.startswith(("/", "legalpt-tests")):
+        checkpoint = str(tmp_path / checkpoint)
+    result = run_cli("eval", f"eval.checkpoint='{checkpoint}'", "model=tiny", cwd=tmp_path)
+    assert result.returncode != 0
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and result.stdout == "", result.stderr
+    assert lines[0].startswith(f"eval.checkpoint: {checkpoint} ") and expected in lines[0]
+
+
 def test_config_defaults_compose_to_the_demo_job():
     cfg = to_config(compose("train"))
     assert cfg.data.paths == [] and cfg.logger == "wandb"

@@ -8,6 +8,7 @@ the batched log-likelihood that both it and multiple choice use.
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
@@ -27,20 +28,32 @@ def heldout_loss(
     batches: Iterable[dict],
     max_batches: int = 0,
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+    progress: bool | None = None,
 ) -> dict[str, float]:
     """Mean next-token cross-entropy (nats) and perplexity over `batches` (0 = all of them).
 
     Each batch is a packed batch with `labels`; HF shifts labels inside the model, so a token counts when the label
     after it is not IGNORE_INDEX. `reduce_sum` sums across processes (accelerate's reduce) so every rank agrees.
+    A progress bar counts the batches: `progress` None shows it on the local main process only (LOCAL_RANK unset or
+    0, as launchers set it), like the training loop's.
     """
+    if progress is None:
+        progress = int(os.environ.get("LOCAL_RANK", "0")) == 0
+    try:
+        length = len(batches)  # type: ignore[arg-type]
+    except TypeError:  # a generator, or a loader over a stream, does not know its length
+        length = None
+    total = min(n for n in (max_batches, length) if n) if max_batches or length else None
     was_training = model.training
     model.eval()
     nll = torch.zeros((), dtype=torch.float64)
     tokens = torch.zeros((), dtype=torch.float64)
-    for batch in islice(batches, max_batches or None):
-        # num_items_in_batch=1 makes HF return the summed NLL: a batch without targets adds 0 (a mean would be NaN).
-        nll += model(**batch, num_items_in_batch=1).loss.double().cpu()
-        tokens += (batch["labels"][:, 1:] != IGNORE_INDEX).sum().cpu()
+    with tqdm(total=total, desc="eval", unit="batch", leave=False, disable=not progress) as bar:
+        for batch in islice(batches, max_batches or None):
+            # num_items_in_batch=1 makes HF return the summed NLL: a batch without targets adds 0 (a mean: NaN).
+            nll += model(**batch, num_items_in_batch=1).loss.double().cpu()
+            tokens += (batch["labels"][:, 1:] != IGNORE_INDEX).sum().cpu()
+            bar.update()
     model.train(was_training)
     device = next(model.parameters()).device
     nll, tokens = reduce_sum(nll.to(device)), reduce_sum(tokens.to(device))

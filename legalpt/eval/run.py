@@ -63,25 +63,85 @@ class EvalSet:
         )
 
 
+class CheckpointError(FileNotFoundError):
+    """A checkpoint setting that names no model to load; the message is one line that starts with the setting's key
+    and names the path or hub id (`legalpt-eval` prints it alone and exits)."""
+
+
+MODEL_FOLDER = "a Hugging Face model folder (a run's hf/ export, or the run folder that holds it)"
+
+
 def newest_export(runs_dir: Path) -> Path:
     """The most recently written HF export among the run folders in `runs_dir`."""
     exports = [p.parent for p in runs_dir.expanduser().glob(f"*/{EXPORT_DIR}/config.json")]
     if not exports:
-        raise FileNotFoundError(
+        raise CheckpointError(
             f"eval.runs_dir={str(runs_dir)!r}: no run with an HF export (*/{EXPORT_DIR}/config.json); "
             "train one with legalpt-train or pass eval.checkpoint=<folder or hub id>"
         )
     return max(exports, key=lambda p: (p / "config.json").stat().st_mtime)
 
 
-def resolve_checkpoint(checkpoint: str | None, runs_dir: str) -> str:
-    """A checkpoint setting as something `from_pretrained` loads: a run folder means its export; None the newest."""
+def resolve_checkpoint(checkpoint: str | None, runs_dir: str, key: str = "eval.checkpoint") -> str:
+    """A checkpoint setting as something `from_pretrained` loads: a run folder means its export; None the newest.
+
+    Checked before anything loads: a local folder must hold config.json and a tokenizer; a name that is no folder
+    must be a hub id whose config.json the hub (or, offline, the local cache) has. Raises CheckpointError."""
     if checkpoint is None:
         return str(newest_export(Path(runs_dir)))
     path = Path(checkpoint).expanduser()
     if (export_dir(path) / "config.json").is_file():
-        return str(export_dir(path))
+        path = export_dir(path)
+    if path.is_dir():
+        _check_model_folder(path, key)
+        return str(path)
+    if path.exists():
+        raise CheckpointError(f"{key}: {checkpoint} is a file: expected {MODEL_FOLDER}, or a hub id")
+    _check_hub_id(checkpoint, key)
     return checkpoint
+
+
+def _check_model_folder(path: Path, key: str) -> None:
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{key}: {path} has no config.json: expected {MODEL_FOLDER}")
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise CheckpointError(
+            f"{key}: {path} has no tokenizer (tokenizer.json or tokenizer_config.json): expected {MODEL_FOLDER}, "
+            "saved with its tokenizer"
+        )
+
+
+def _check_hub_id(name: str, key: str) -> None:
+    """That `name` is a hub id (owner/name) whose config.json can be had: from the hub, or offline from the cache."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+    from huggingface_hub.utils import validate_repo_id
+
+    expected = f"expected {MODEL_FOLDER}, or a hub id (owner/name)"
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise CheckpointError(f"{key}: {name} is not a folder and not a hub id: {expected}") from None
+    try:
+        hf_hub_download(name, "config.json")
+    except LocalEntryNotFoundError:  # offline, or the hub unreachable, and nothing cached
+        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the hub could not be reached"
+        raise CheckpointError(
+            f"{key}: {name} is not a folder, and as a hub id it is not in the local cache ({why}): download it once "
+            f"online, or pass {MODEL_FOLDER}"
+        ) from None
+    except RepositoryNotFoundError:  # also a gated or private repo without access
+        raise CheckpointError(
+            f"{key}: {name} is not a folder, and no model on the hub has that id (or it is private or gated: "
+            f"log in with `hf auth login`): {expected}"
+        ) from None
+    except EntryNotFoundError:
+        raise CheckpointError(f"{key}: hub repo {name} has no config.json: expected a Hugging Face model") from None
 
 
 def default_output_dir(checkpoint: str) -> Path:
@@ -190,7 +250,7 @@ def evaluate(cfg: DictConfig | Config) -> dict:
     tasks = check_tasks(cfg.eval)
     checkpoints = [resolve_checkpoint(cfg.eval.checkpoint, cfg.eval.runs_dir)]
     if cfg.eval.compare:
-        checkpoints.append(resolve_checkpoint(cfg.eval.compare, cfg.eval.runs_dir))
+        checkpoints.append(resolve_checkpoint(cfg.eval.compare, cfg.eval.runs_dir, "eval.compare"))
     out_dir = Path(cfg.eval.output_dir or default_output_dir(checkpoints[0])).expanduser()
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision))
     log_on_main_process_only(accelerator)

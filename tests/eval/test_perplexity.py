@@ -11,7 +11,7 @@ import torch
 from eval_helpers import SPECIALS, VOCAB, make_tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from legalpt.eval.perplexity import document_perplexity, resolve_window, stride_windows
+from legalpt.eval.perplexity import document_perplexity, heldout_loss, resolve_window, stride_windows
 from legalpt.model import build_model
 
 
@@ -215,3 +215,41 @@ def test_windows_and_inputs_are_checked_before_scoring():
         document_perplexity(model, tokenizer, [{"id": 0, "text": "w1 w2"}], 8, 4, batch_size=1)
     with pytest.raises(ValueError, match="reserved"):
         document_perplexity(model, tokenizer, [{"id": 0, "text": "w1 w2", "kind": "all"}], 8, 4, batch_size=1)
+
+
+class SummedLoss(torch.nn.Module):
+    """Stands in for an HF model in `heldout_loss`: a summed loss of 1 nat per predicted token."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, input_ids, labels, num_items_in_batch) -> SimpleNamespace:
+        return SimpleNamespace(loss=(labels[:, 1:] != -100).sum().float())
+
+
+@pytest.mark.parametrize(("max_batches", "total"), [(0, 5), (3, 3), (9, 5)])
+def test_heldout_loss_shows_progress_on_the_main_process_only(monkeypatch, max_batches, total):
+    import legalpt.eval.perplexity as perplexity
+
+    bars = []
+
+    class Recorded(perplexity.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.shown = not kwargs.get("disable", False)  # tqdm sets `disable` when it closes
+            bars.append(self)
+
+    monkeypatch.setattr(perplexity, "tqdm", Recorded)
+    batches = [{"input_ids": torch.zeros(2, 4, dtype=torch.long), "labels": torch.ones(2, 4, dtype=torch.long)}] * 5
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    report = heldout_loss(SummedLoss(), batches, max_batches)
+    assert report["loss"] == 1.0
+    assert (bars[-1].shown, bars[-1].desc, bars[-1].total, bars[-1].n) == (True, "eval", total, total)
+    heldout_loss(SummedLoss(), iter(batches), max_batches)  # a generator: the bar counts to max_batches, if any
+    assert (bars[-1].total, bars[-1].n) == (max_batches or None, min(max_batches or 5, 5))
+    monkeypatch.setenv("LOCAL_RANK", "1")  # another process of a launched job: no bar
+    assert heldout_loss(SummedLoss(), batches, max_batches) == report
+    assert not bars[-1].shown
+    heldout_loss(SummedLoss(), batches, max_batches, progress=True)
+    assert bars[-1].shown

@@ -7,7 +7,7 @@ import torch
 
 from legalpt.config import DataConfig, compose
 from legalpt.data.pipeline import prepare
-from legalpt.eval.run import EvalSet, evaluate
+from legalpt.eval.run import CheckpointError, EvalSet, evaluate, resolve_checkpoint
 from legalpt.model import build_model
 
 DATA = ["data.synthetic_documents=12", "data.seq_len=128", "data.vocab_size=600", "data.heldout_fraction=0.25"]
@@ -154,3 +154,23 @@ def test_report_goes_to_wandb_when_it_is_on(runs, tmp_path, monkeypatch):
     )
     offline_runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1 and any(offline_runs[0].glob("*.wandb"))
+
+
+def test_checkpoints_are_checked_before_anything_loads(runs, tmp_path, monkeypatch):
+    root = runs[0]
+    assert resolve_checkpoint(str(root / "base"), str(root)) == str(root / "base" / "hf")  # a run folder: its export
+    assert resolve_checkpoint(str(root / "base" / "hf"), str(root)) == str(root / "base" / "hf")
+    untokenized = tmp_path / "untokenized"
+    untokenized.mkdir()
+    (untokenized / "config.json").write_text((root / "base" / "hf" / "config.json").read_text())
+    with pytest.raises(CheckpointError, match=rf"^eval\.compare: {untokenized} has no tokenizer"):
+        resolve_checkpoint(str(untokenized), str(root), "eval.compare")
+
+    def load(*args, **kwargs):
+        raise AssertionError("loaded data or a model before checking the checkpoints")
+
+    monkeypatch.setattr("legalpt.eval.run.heldout_documents", load)
+    monkeypatch.setattr("legalpt.eval.run.build_model", load)
+    missing = tmp_path / "missing"
+    with pytest.raises(CheckpointError, match=rf"^eval\.compare: {missing} is not a folder and not a hub id"):
+        evaluate(compose("eval", overrides(runs, f"eval.checkpoint={root / 'base'}", f"eval.compare={missing}")))
