@@ -67,9 +67,7 @@ def packed_batch(rng, vocab: int, doc_lens: list[list[int]]) -> dict:
 def models_for(tiny_model_config, tokenizer, attn_implementation: str, checkpointing: str, copies: int = 1):
     """`copies` equal tiny Llamas (in train mode), each checkpointed by `checkpointing` after copying: a copy would
     share its original's checkpointing closures, which hold the original's layers."""
-    config = tiny_model_config(
-        num_layers=LAYERS, attn_implementation=attn_implementation, attention_backend="auto"
-    )
+    config = tiny_model_config(num_layers=LAYERS, attn_implementation=attn_implementation, attention_backend="auto")
     model = build_model(config, tokenizer).train()
     models = [model, *(copy.deepcopy(model) for _ in range(copies - 1))]
     for each in models:
