@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmarking.train.record import cell, options  # scripts/ is on the path of a script run
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 OUT = ROOT / "docs" / "performance.md"
@@ -67,8 +69,8 @@ def training() -> list[str]:
         for r in record["rows"]:
             lines.append(
                 f"| {r['model']} | {r['attention']} | {r['seq_len']:,} | {r['batch_size']} × {r['gpus']} | "
-                f"{_train_options(r)} | {_measured(r, 'tokens_per_s', '{:,.0f}')} | {_measured(r, 'mfu', '{:.1%}')} | "
-                f"{_measured(r, 'peak_gib', '{:.1f}')} | {_measured(r, 'vs_sdpa', '{:.2f}×')} |"
+                f"{options(r)} | {cell(r, 'tokens_per_s', '{:,.0f}')} | {cell(r, 'mfu', '{:.1%}')} | "
+                f"{cell(r, 'peak_gib', '{:.1f}')} | {cell(r, 'vs_sdpa', '{:.2f}×')} |"
             )
         lines.append("")
         if record.get("longest"):
@@ -86,24 +88,10 @@ def training() -> list[str]:
                 else:
                     oom = f"{e['first_oom']:,}"
                 note = f" (failed: {e['error']})" if e["error"] else "" if e["complete"] else " (search not finished)"
-                lines.append(f"| {e['model']} | {e['attention']} | {e['gpus']} | {_train_options(e)} | {longest}{note} "
+                lines.append(f"| {e['model']} | {e['attention']} | {e['gpus']} | {options(e)} | {longest}{note} "
                              f"| {oom} |")  # fmt: skip
             lines.append("")
     return lines
-
-
-def _train_options(r: dict) -> str:
-    compiled = {True: "compiled", False: "eager", None: "–"}[r["compile"]]
-    return f"{r['activation_checkpointing'] or '–'} / {r['loss_impl'] or '–'} / {compiled}"
-
-
-def _measured(r: dict, name: str, form: str) -> str:
-    """A training row's value: OOM or "failed" where its job did not finish, – where it has no such value."""
-    if r["oom"]:
-        return "OOM"
-    if r["error"]:
-        return "failed"
-    return "–" if r.get(name) is None else form.format(r[name])
 
 
 def default_runs() -> list[str]:

@@ -48,37 +48,37 @@ def _union(old: list[dict], new: list[dict], fields: tuple[str, ...]) -> list[di
 def options(row: dict) -> str:
     """A row's trainer options in one cell: activation checkpointing / loss / compile."""
     compiled = {True: "compiled", False: "eager", None: "–"}[row["compile"]]
-    return f"{row['activation_checkpointing'] or '–'}/{row['loss_impl'] or '–'}/{compiled}"
+    return f"{row['activation_checkpointing'] or '–'} / {row['loss_impl'] or '–'} / {compiled}"
 
 
 def format_rows(rows: list[dict]) -> str:
     """The throughput rows as the run prints them."""
     lines = [
-        f"{'attention':<10} {'model':<6} {'seq_len':>8} {'batch':>5} {'gpus':>4} {'ckpt/loss/compile':<26} "
+        f"{'attention':<10} {'model':<6} {'seq_len':>8} {'batch':>5} {'gpus':>4} {'ckpt/loss/compile':<32} "
         f"{'tokens/s':>10} {'MFU':>6} {'peak GiB':>8} {'vs sdpa':>8}"
     ]
     for r in rows:
         lines.append(
             f"{r['attention']:<10} {r['model']:<6} {r['seq_len']:>8} {r['batch_size']:>5} {r['gpus']:>4} "
-            f"{options(r):<26} {_cell(r, 'tokens_per_s', '{:,.0f}'):>10} {_cell(r, 'mfu', '{:.1%}'):>6} "
-            f"{_cell(r, 'peak_gib', '{:.1f}'):>8} {_cell(r, 'vs_sdpa', '{:.2f}x'):>8}"
+            f"{options(r):<32} {cell(r, 'tokens_per_s', '{:,.0f}'):>10} {cell(r, 'mfu', '{:.1%}'):>6} "
+            f"{cell(r, 'peak_gib', '{:.1f}'):>8} {cell(r, 'vs_sdpa', '{:.2f}x'):>8}"
         )
     return "\n".join(lines)
 
 
 def format_longest(longest: list[dict]) -> str:
     """The search's results as the run prints them."""
-    lines = [f"{'attention':<10} {'model':<6} {'gpus':>4} {'ckpt/loss/compile':<26} {'longest':>9} {'OOM at':>9}"]
+    lines = [f"{'attention':<10} {'model':<6} {'gpus':>4} {'ckpt/loss/compile':<32} {'longest':>9} {'OOM at':>9}"]
     for e in longest:
         found = "–" if e["longest_seq_len"] is None else f"{e['longest_seq_len']:,}"
         oom = "–" if e["first_oom"] is None else f"{e['first_oom']:,}"
         note = "" if e["complete"] else "  (search not finished)"
         note += f"  error: {e['error']}" if e["error"] else ""
-        lines.append(f"{e['attention']:<10} {e['model']:<6} {e['gpus']:>4} {options(e):<26} {found:>9} {oom:>9}{note}")
+        lines.append(f"{e['attention']:<10} {e['model']:<6} {e['gpus']:>4} {options(e):<32} {found:>9} {oom:>9}{note}")
     return "\n".join(lines)
 
 
-def _cell(row: dict, name: str, form: str) -> str:
+def cell(row: dict, name: str, form: str) -> str:
     """A measured value; OOM or "failed" where the job did not finish, – where the trainer does not log it."""
     if row["oom"]:
         return "OOM"
