@@ -229,7 +229,13 @@ def score_citations(model, tokenizer, documents: list[dict], eval_set: EvalSet, 
         "truncated_prompts": sum(1 for t in generated.truncated if t),
     }
     summary["items"] = [
-        {"id": item.id, "form": item.form, "generation": text, **score}
+        {
+            "id": item.id,
+            "form": item.form,
+            "generation": text,
+            **score,
+            "fabricated_reason": citations.fabrication_reason(score),
+        }
         for item, text, score in zip(items, texts, scores, strict=True)
     ]
     return summary

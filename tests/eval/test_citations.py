@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import reporters_db
 from eyecite import get_citations, resolve_citations
 from eyecite.models import FullCaseCitation, IdCitation, ShortCaseCitation, SupraCitation
 
@@ -23,6 +24,7 @@ from legalpt.eval.citations import (
     CitationItem,
     SetItem,
     build_citation_items,
+    fabrication_reason,
     same_case_name,
     score_citation,
     score_citation_set,
@@ -208,7 +210,7 @@ def test_model_writing_the_generators_citation_scores_every_field(synthetic, bui
 
 @pytest.mark.parametrize(
     "generation",
-    ["", "  \n", "the court held that the claim fails.", "See 42 U.S.C. § 1983.", "F.3d 412 (1999)", "17 Foo. 3"],
+    ["", "  \n", "the court held that the claim fails.", "See 42 U.S.C. § 1983.", "F.3d 412 (1999)", "on 12 Jan. 2020"],
 )
 def test_empty_or_malformed_generations_score_zero_and_are_counted(built, generation):
     items, _, index, _ = built
@@ -225,6 +227,12 @@ def test_empty_or_malformed_generations_score_zero_and_are_counted(built, genera
     assert summary["full"]["items"] + summary["short_forms"]["items"] == len(items)
     assert summary["full"]["metrics"]["well_formed"]["n"] == summary["full"]["items"]
     assert summary["short_forms"]["metrics"]["exact"]["mean"] == 0.0
+    for group in ("full", "short_forms"):
+        assert summary[group]["outcomes"] == {
+            "malformed": summary[group]["items"],
+            "fabricated_unknown_reporter": 0,
+            "fabricated_not_in_corpus": 0,
+        }
 
 
 def test_short_form_where_a_full_citation_is_due_is_malformed(built):
@@ -249,6 +257,7 @@ def test_fabricated_and_misattributed_citations(built, rng):
     fabricated = score_citation(item, f" {volume} {item.gold.reporter} {page} (2001). The court", index)
     assert fabricated["well_formed"] == fabricated["fabricated"] == fabricated["reporter"] == 1.0
     assert fabricated["exact"] == fabricated["misattributed"] == fabricated["case_name"] == 0.0
+    assert fabricated["unknown_reporter"] == 0.0 and fabrication_reason(fabricated) == "not in the reference corpus"
 
     others = [i.gold for i in items if not any(same_case_name(n, item.gold.case_name) for n in index.names(i.gold.key))]
     other = rng.choice(others)
@@ -256,6 +265,40 @@ def test_fabricated_and_misattributed_citations(built, rng):
         score = score_citation(target, f" {' '.join(other.key)} ({other.year}). The", index)
         assert score["well_formed"] == score["misattributed"] == 1.0, (target.form, score)
         assert score["exact"] == score["fabricated"] == score["case_name"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("written", "reporter"),
+    [("123 Fake Rptr. 456", "Fake Rptr."), ("17 Foo. 3", "Foo."), ("88 N.W. 9th 12", "N.W. 9th")],
+)
+def test_invented_reporter_is_fabricated_not_malformed(built, rng, written, reporter):
+    """A citation-shaped generation whose reporter reporters-db does not know is fabricated (for that reason), not
+    malformed, for full and short-form items alike; its volume and page are still compared with gold's."""
+    items, _, index, _ = built
+    assert reporter not in reporters_db.EDITIONS and reporter not in reporters_db.VARIATIONS_ONLY
+    picked = [rng.choice([i for i in items if i.form == form]) for form in ("full", "short", "id")]
+    scores = [score_citation(item, f" {written} (2001). The court", index) for item in picked]
+    for item, score in zip(picked, scores, strict=True):
+        assert score["well_formed"] == score["fabricated"] == score["unknown_reporter"] == 1.0, (item.form, score)
+        assert score["reporter"] == score["exact"] == score["misattributed"] == 0.0
+        volume, page = written.split()[0], written.split()[-1]
+        assert score["volume"] == float(volume == item.gold.volume) and score["page"] == float(page == item.gold.page)
+        assert fabrication_reason(score) == "unknown reporter"
+    summary = summarize_citations(picked, scores, samples=20)
+    outcomes = [summary[group]["outcomes"] for group in ("full", "short_forms")]
+    assert outcomes == [
+        {"malformed": 0, "fabricated_unknown_reporter": 1, "fabricated_not_in_corpus": 0},
+        {"malformed": 0, "fabricated_unknown_reporter": 2, "fabricated_not_in_corpus": 0},
+    ]
+
+
+def test_invented_reporter_after_a_real_citation_does_not_count(built):
+    """The first citation counts: a real citation written first is scored as such, the invented one after it not."""
+    items, _, index, _ = built
+    item = next(i for i in items if i.form == "full")
+    score = score_citation(item, f" {' '.join(p for p in item.gold.key if p)}; 123 Fake Rptr. 456.", index)
+    assert score["exact"] == 1.0 and score["fabricated"] == score["unknown_reporter"] == 0.0
+    assert fabrication_reason(score) is None
 
 
 def test_sampling_is_deterministic_even_and_keeps_every_form(synthetic, tokenizer, built, rng):
@@ -393,6 +436,22 @@ def test_bad_arguments_are_named(synthetic, tokenizer, built):
         summarize_citations(items, [], samples=10)
     with pytest.raises(ValueError, match="n_documents"):
         set_items(synthetic, tokenizer, -1, 8, 8)
+
+
+def test_gold_case_names_of_an_html_opinion_hold_no_star_page_labels(tmp_path, tokenizer):
+    """Star-page labels inside case names (CourtListener and CAP markup, bracketed) never reach the gold names."""
+    page = (
+        '<html><body><p><span class="star-pagination">*1006</span>On appeal we follow Feist Publications, Inc. v. '
+        'Rural<a class="page-label">*1007</a>Telephone Service Co., 499 U.S. 340 (1991), and Baker v.[*1008]Selden, '
+        "101 U.S. 99 (1880). The judgment is affirmed.</p></body></html>"
+    )
+    (tmp_path / "opinion.html").write_text(page, encoding="utf-8")
+    documents, _ = load_documents(DataConfig(paths=[str(tmp_path / "opinion.html")], cache_dir=str(tmp_path / "c")))
+    items, _ = build_citation_items([dict(doc) for doc in documents], tokenizer, 16)
+    assert [item.gold.case_name for item in items] == [
+        "Feist Publications, Inc. v. Rural Telephone Service Co.",
+        "Baker v. Selden",
+    ]
 
 
 def test_real_opinions(real, built_real, tokenizer):

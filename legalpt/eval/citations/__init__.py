@@ -7,8 +7,8 @@ This package owns the citation tasks of `legalpt-eval`, without any model (gener
   Short forms (short cites, supra, Id.) are resolved to their full citation by eyecite's resolver and scored as
   their own form;
 - `scoring`: `score_citation`, the metrics of one continuation, and `CitationIndex`, the full citations of a
-  reference corpus, which tells a fabricated citation (no such citation anywhere) from a misattributed one (a real
-  citation of another case);
+  reference corpus, which tells a fabricated citation (no such citation anywhere, or a reporter reporters-db does not
+  know) from a misattributed one (a real citation of another case);
 - `summary`: `summarize_citations`, micro-averages with bootstrap intervals over documents, per document and broken
   down by reporter, position in the document and prompt length;
 - `citation_set`: a continued opinion's citations against those of its real continuation (precision, recall, F1);
@@ -22,7 +22,7 @@ from legalpt.eval.citations.citation_set import SetItem, score_citation_set, set
 from legalpt.eval.citations.items import CONTINUATION_CHARS, CitationItem, build_citation_items
 from legalpt.eval.citations.names import same_case_name
 from legalpt.eval.citations.parsing import FORMS, GoldCitation, Key
-from legalpt.eval.citations.scoring import CITATION_METRICS, CitationIndex, score_citation
+from legalpt.eval.citations.scoring import CITATION_METRICS, CitationIndex, fabrication_reason, score_citation
 from legalpt.eval.citations.summary import SHORT_FORMS, TOP_REPORTERS, summarize_citations
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "Key",
     "SetItem",
     "build_citation_items",
+    "fabrication_reason",
     "same_case_name",
     "score_citation",
     "score_citation_set",

@@ -1,13 +1,18 @@
 """What eyecite reads from a text: its citations (with the year of a full citation repaired), their forms, what a
-short form resolves to, and the fields of a full case citation that items and scores compare (`GoldCitation`).
+short form resolves to, and the fields of a full case citation that items and scores compare (`GoldCitation`); and
+what it cannot read: citation-shaped strings whose reporter reporters-db does not know (`invented_citations`).
 
 Citation identity is eyecite's: (volume, reporter as reporters-db normalizes it, page).
 """
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import reporters_db
 from eyecite import get_citations, resolve_citations
 from eyecite.models import CitationBase, FullCaseCitation, IdCitation, ShortCaseCitation, SupraCitation
 
@@ -89,3 +94,60 @@ def gold_citation(full: FullCaseCitation) -> GoldCitation:
         plaintiff=plaintiff,
         defendant=defendant,
     )
+
+
+# "<volume> <reporter-like abbreviation> <page>": capitalized words, abbreviations and edition ordinals ("Fake Rptr.",
+# "So. 5th", "N.W.4d") between two numbers. eyecite only finds reporters it knows, so this is how an invented one shows.
+_CITATION_SHAPE = re.compile(
+    r"(?<![\w.§])(?P<volume>\d{1,5})\s+"
+    r"(?P<reporter>[A-Z][A-Za-z0-9.&']*(?:\s+(?:[A-Z][A-Za-z0-9.&']*|\d+(?:st|nd|rd|th|d)\.?)){0,5})"
+    r"\s+(?P<page>\d{1,6})(?![\w-])"
+)
+# Abbreviations that sit between two numbers without being reporters ("12 Jan. 2020", "5 No. 3").
+_MONTHS = ("Jan.", "Feb.", "Mar.", "Apr.", "Jun.", "Jul.", "Aug.", "Sep.", "Sept.", "Oct.", "Nov.", "Dec.")
+_NOT_REPORTERS = frozenset((*_MONTHS, "No.", "Nos.", "Vol.", "Vols.", "Ch.", "Sec.", "Art.", "Pt.", "Id."))
+
+
+@dataclass(frozen=True)
+class InventedCitation:
+    """A citation-shaped string whose reporter reporters-db (eyecite's list) does not know: "123 Fake Rptr. 456"."""
+
+    volume: str
+    reporter: str  # as written
+    page: str
+    start: int  # span in the text searched
+    end: int
+
+
+def invented_citations(text: str, known: Sequence[CitationBase] = (), start: int = 0) -> list[InventedCitation]:
+    """The citation-shaped strings of `text` from `start` on with a reporter unknown to reporters-db, outside the
+    spans of the citations eyecite found (`known`), in order. A reporter needs a period to look like an abbreviation."""
+    taken = [c.span() for c in known]
+    found = []
+    for match in _CITATION_SHAPE.finditer(text, start):
+        reporter, (begin, end) = match["reporter"], match.span()
+        if "." not in reporter or reporter in _NOT_REPORTERS or is_known_reporter(reporter):
+            continue
+        if any(begin < other_end and other_begin < end for other_begin, other_end in taken):
+            continue
+        found.append(InventedCitation(match["volume"], reporter, match["page"], begin, end))
+    return found
+
+
+def is_known_reporter(name: str) -> bool:
+    """Whether reporters-db names `name` (spacing aside) as a reporter, a variation of one, a code or a journal."""
+    return _squeeze(name) in _known_reporters()
+
+
+@functools.cache
+def _known_reporters() -> frozenset[str]:
+    names = set(reporters_db.EDITIONS) | set(reporters_db.VARIATIONS_ONLY)
+    for table in (reporters_db.LAWS, reporters_db.JOURNALS):
+        for name, entries in table.items():
+            names.add(name)
+            names.update(variation for entry in entries for variation in entry.get("variations", ()))
+    return frozenset(_squeeze(name) for name in names)
+
+
+def _squeeze(name: str) -> str:
+    return re.sub(r"\s+", "", name)

@@ -1,6 +1,6 @@
 """Scoring one continuation: the first citation a model writes after an item's prompt against the gold citation, and
 against `CitationIndex`, the citations of a reference corpus, which tells a fabricated citation (no such citation
-anywhere) from a misattributed one (a real citation of another case).
+anywhere, or a reporter reporters-db does not know) from a misattributed one (a real citation of another case).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from legalpt.eval.citations.parsing import (
     Key,
     find_citations,
     gold_citation,
+    invented_citations,
     is_keyed,
     resolutions,
 )
@@ -34,8 +35,12 @@ CITATION_METRICS = (
     "year",
     "case_name",
     "fabricated",
+    "unknown_reporter",
     "misattributed",
 )
+# Why a citation counts as fabricated, as `fabrication_reason` names it.
+UNKNOWN_REPORTER = "unknown reporter"
+NOT_IN_CORPUS = "not in the reference corpus"
 
 
 class CitationIndex:
@@ -78,6 +83,7 @@ class _Cited:
     page: str | None = None
     year: int | None = None
     name: str | None = None  # a case name the generation itself writes (not one from the prompt)
+    invented: bool = False  # citation-shaped, with a reporter reporters-db does not know (reporter as written)
 
     @property
     def key(self) -> Key | None:
@@ -88,15 +94,18 @@ def score_citation(item: CitationItem, generation: str, index: CitationIndex) ->
     """The metrics of `generation`, the text a model wrote after `item.prompt`: 1.0 / 0.0, NaN where not applicable.
 
     The generation is parsed by eyecite after its prompt, and the first citation that starts inside it counts.
-    - well_formed: it is a full case citation with a page (eyecite only knows reporters of reporters-db); for a
-      short-form item an Id., supra or short cite is well-formed too. Everything below is 0 when it is not.
+    - well_formed: it is a full case citation with a page, or has that shape ("<volume> <reporter> <page>") with a
+      reporter reporters-db does not know; for a short-form item an Id., supra or short cite is well-formed too.
+      Everything below is 0 when it is not: the generation is malformed.
     - exact, reporter, volume, page: (volume, normalized reporter, page) of the citation, or of the full citation a
       short form resolves to, equal gold's; eyecite resolves a generated short form against the citations of the
       prompt and the gold full citation (a short form names its case, it does not cite it).
     - year: the cited decision year equals gold's (NaN when gold has none).
     - case_name: `same_case_name` of gold's name and the name the generation writes for its citation, or when it
       writes none, any name the index holds for the cited key (NaN when gold has no name).
-    - fabricated: the cited key is in no citation of the index.
+    - fabricated: the cited key is in no citation of the index (always so for an unknown reporter).
+    - unknown_reporter: fabricated because reporters-db does not know the reporter ("123 Fake Rptr. 456"); such a
+      citation scores its volume and page, and 0 for reporter, exact, year and case_name.
     - misattributed: the cited key is in the index, only under names other than gold's (NaN when gold has no name).
     """
     if not isinstance(item, CitationItem):
@@ -124,6 +133,7 @@ def score_citation(item: CitationItem, generation: str, index: CitationIndex) ->
             scores["year"] = float(cited.year == gold.year)
     if cited.key is not None:
         scores["fabricated"] = float(cited.key not in index)
+    scores["unknown_reporter"] = float(cited.invented)
     if gold.case_name is not None:
         known = index.names(cited.key) if cited.key else set()
         names = {cited.name} if cited.name else known
@@ -132,12 +142,23 @@ def score_citation(item: CitationItem, generation: str, index: CitationIndex) ->
     return scores
 
 
+def fabrication_reason(scores: Mapping[str, float]) -> str | None:
+    """Why `score_citation`'s scores count a citation as fabricated: UNKNOWN_REPORTER, NOT_IN_CORPUS; None if not."""
+    if scores["fabricated"] != 1.0:
+        return None
+    return UNKNOWN_REPORTER if scores["unknown_reporter"] == 1.0 else NOT_IN_CORPUS
+
+
 def _generated_citation(item: CitationItem, generation: str) -> _Cited | None:
     """What the first citation of `generation` refers to; None when there is none or it is not well-formed."""
     offset = len(item.prompt)
-    citations = find_citations(item.prompt + generation)
+    text = item.prompt + generation
+    citations = find_citations(text)
     # eyecite lists a bracketed parallel citation before the one it follows: the first is the leftmost.
     first = min((c for c in citations if c.span()[0] >= offset), key=lambda c: c.span()[0], default=None)
+    invented = next(iter(invented_citations(text, citations, offset)), None)
+    if invented is not None and (first is None or invented.start < first.span()[0]):
+        return _Cited(volume=invented.volume, reporter=invented.reporter, page=invented.page, invented=True)
     form = FORM_OF.get(type(first))
     if form is None or (form != "full" and item.form == "full"):
         return None

@@ -1,5 +1,6 @@
 """Citation-completion summaries: micro-averages of every metric with bootstrap intervals over documents, per
-document, and exact match broken down by reporter, position in the document and prompt length.
+document, counts of malformed and fabricated generations (by reason), and exact match broken down by reporter,
+position in the document and prompt length.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from legalpt.eval.citations.checks import check_int, check_scored
 from legalpt.eval.citations.items import CitationItem
-from legalpt.eval.citations.scoring import CITATION_METRICS
+from legalpt.eval.citations.scoring import CITATION_METRICS, NOT_IN_CORPUS, UNKNOWN_REPORTER, fabrication_reason
 from legalpt.eval.stats import bootstrap_ci
 
 SHORT_FORMS = ("short", "supra", "id")  # scored together as "short_forms"
@@ -24,8 +25,9 @@ def summarize_citations(
     """Citation-completion results for "full" items and for "short_forms" (short, supra, Id.) apart.
 
     Each part has its item and document counts, the micro-average of every metric over items with a bootstrap
-    interval that resamples documents, per-document averages, and exact-match accuracy (with interval) by gold
-    reporter (the 15 most cited), by position in the document (tenths) and by prompt length (powers of two).
+    interval that resamples documents, per-document averages, how many generations were malformed and how many
+    fabricated for each reason (`outcomes`), and exact-match accuracy (with interval) by gold reporter (the 15 most
+    cited), by position in the document (tenths) and by prompt length (powers of two).
     """
     items, scores = check_scored(items, scores, CitationItem, CITATION_METRICS)
     check_int("samples", samples, 0)
@@ -51,6 +53,7 @@ def _summarize_group(picked: list[tuple[CitationItem, Mapping[str, float]]], sam
         "items": len(picked),
         "documents": len(per_document),
         "by_form": dict(Counter(item.form for item, _ in picked)),
+        "outcomes": _outcomes([score for _, score in picked]),
         "metrics": {m: mean_interval([score[m] for _, score in picked], docs, samples, seed) for m in CITATION_METRICS},
         "per_document": {
             doc: {"items": len(rows), **{m: _nanmean([row[m] for row in rows]) for m in CITATION_METRICS}}
@@ -59,6 +62,16 @@ def _summarize_group(picked: list[tuple[CitationItem, Mapping[str, float]]], sam
         "by_reporter": _breakdown(exact, docs, reporters, top, samples, seed),
         "by_position": _breakdown(exact, docs, tenths, [f"{i / 10:.1f}" for i in range(10)], samples, seed),
         "by_prompt_tokens": _breakdown(exact, docs, lengths, sorted(set(lengths), key=_bucket_start), samples, seed),
+    }
+
+
+def _outcomes(scores: list[Mapping[str, float]]) -> dict[str, int]:
+    """Generations that are no citation (malformed), and fabricated citations by reason, apart."""
+    reasons = Counter(fabrication_reason(score) for score in scores)
+    return {
+        "malformed": sum(score["well_formed"] != 1.0 for score in scores),
+        "fabricated_unknown_reporter": reasons[UNKNOWN_REPORTER],
+        "fabricated_not_in_corpus": reasons[NOT_IN_CORPUS],
     }
 
 
