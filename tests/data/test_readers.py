@@ -175,6 +175,27 @@ def test_html_opinion(tmp_path, rng):
     assert documents[1]["text"] == f"{words[0]}\n{words[1]}" and documents[1]["kind"] == "other"
 
 
+def test_html_star_page_labels_dropped_between_words(tmp_path):
+    """CourtListener, CAP and bracketed star-page labels, at a paragraph start, inside a case name with and without
+    spaces around, and in <pre>: gone, and the words on either side stay apart."""
+    page = """<html><body>
+<p>The court below dismissed.</p>
+<p><span class="star-pagination" number="1006">*1006</span>On appeal, we reverse.</p>
+<p>See Feist Publications, Inc. v. Rural<a class="page-label" data-label="1007" href="#p1007">*1007</a>Telephone
+Service Co., 499 U.S. 340 (1991); Baker v. <page-number label="1008">*1008</page-number> Selden, 101 U.S. 99 (1880).</p>
+<p>Lotus Development Corp. v.[*1009]Borland International, Inc., 49 F.3d 807 (1st Cir. 1995) [**12] held so.</p>
+<pre>kept  as[*1010]printed</pre>
+</body></html>"""
+    (tmp_path / "opinion.html").write_text(page, encoding="utf-8")
+    documents, report = load(tmp_path, tmp_path / "opinion.html")
+    assert report.total == 0
+    assert documents[0]["text"] == (
+        "The court below dismissed.\n\nOn appeal, we reverse.\n\nSee Feist Publications, Inc. v. Rural Telephone "
+        "Service Co., 499 U.S. 340 (1991); Baker v. Selden, 101 U.S. 99 (1880).\n\nLotus Development Corp. v. "
+        "Borland International, Inc., 49 F.3d 807 (1st Cir. 1995) held so.\n\nkept  as printed"
+    )
+
+
 def test_pdf_and_docx(tmp_path, rng):
     pages = [random_text(rng, words=8).replace("é", "e").replace("§", "s") for _ in range(2)]
     (tmp_path / "brief.pdf").write_bytes(make_pdf(pages))

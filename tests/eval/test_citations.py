@@ -442,8 +442,8 @@ def test_gold_case_names_of_an_html_opinion_hold_no_star_page_labels(tmp_path, t
     """Star-page labels inside case names (CourtListener and CAP markup, bracketed) never reach the gold names."""
     page = (
         '<html><body><p><span class="star-pagination">*1006</span>On appeal we follow Feist Publications, Inc. v. '
-        'Rural<a class="page-label">*1007</a>Telephone Service Co., 499 U.S. 340 (1991), and Baker v.[*1008]Selden, '
-        "101 U.S. 99 (1880). The judgment is affirmed.</p></body></html>"
+        'Rural<a class="page-label">*1007</a>Telephone Service Co., 499 U.S. 340 (1991). The rule of Baker v.[*1008]'
+        "Selden, 101 U.S. 99 (1880), applies. The judgment is affirmed.</p></body></html>"
     )
     (tmp_path / "opinion.html").write_text(page, encoding="utf-8")
     documents, _ = load_documents(DataConfig(paths=[str(tmp_path / "opinion.html")], cache_dir=str(tmp_path / "c")))

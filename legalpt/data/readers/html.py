@@ -1,5 +1,6 @@
 """HTML files (.html, .htm): the readable text of the page, one document per file, its title as metadata. Scripts,
-styles and comments are dropped, block elements start new lines, and footnotes are moved to the end (`html_text`)."""
+styles and comments are dropped, block elements start new lines, footnotes are moved to the end, and star-page labels
+are dropped (`html_text`)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ _BLOCK_TAGS = {
     **dict.fromkeys(["div", "li", "tr", "dd", "dt", "caption", "figure", "figcaption", "main", "nav"], _LINE),
 }
 _BREAK_RUN = re.compile(r"[\x01\x02\s]*[\x01\x02][\x01\x02\s]*")
+# Star-page labels: where a page of the printed reporter begins ("*1006"), marked up by CourtListener
+# (<span class="star-pagination">), CAP (<a class="page-label">, <page-number>), or printed as "[*1006]", "[**1006]".
+_STAR_PAGE_CLASSES = {"star-pagination", "page-label", "page-number"}
+_STAR_PAGE_TEXT = re.compile(r"\[\*{1,2}\d+\]")
 
 
 def read_html(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int) -> Iterator[dict[str, str]]:
@@ -50,12 +55,19 @@ def read_html(path: str, stream: BinaryIO, text_field: str, max_line_bytes: int)
 def html_text(root: lxml.html.HtmlElement) -> str:
     """The readable text of an HTML document: scripts, styles and comments dropped, blocks on their own lines.
 
+    Star-page labels are dropped, not kept as text: they fall mid-sentence, often mid-case-name, and a label left
+    beside its neighbours would still split "Rural *1007 Telephone" in a citation's case name. Each leaves a space,
+    so the words around it never join ("*1006On appeal" becomes "On appeal").
+
     Footnote bodies (block elements whose class or id contains "footnote") are moved to the end, in document order,
     after a blank line, so that a footnote printed inline does not split the sentence around it; footnote markers
     (inline elements such as `<sup class="footnotemark">`) stay in place.
     """
     for element in root.xpath("//script | //style | //noscript | //template | //head | //comment()"):
         element.drop_tree()  # keeps the tail text
+    for element in [element for element in root.iter() if _is_star_page(element)]:
+        element.tail = " " + (element.tail or "")
+        element.drop_tree()
     footnotes = [element for element in root.iter() if _is_footnote(element)]
     outermost = [element for element in footnotes if not any(_is_footnote(a) for a in element.iterancestors())]
     notes = [_block_text(element) for element in outermost]
@@ -69,6 +81,12 @@ def _is_footnote(element: etree._Element) -> bool:
         return False
     names = f"{element.get('class', '')} {element.get('id', '')}".lower()
     return "footnote" in names
+
+
+def _is_star_page(element: etree._Element) -> bool:
+    if not isinstance(element.tag, str):
+        return False
+    return element.tag == "page-number" or not _STAR_PAGE_CLASSES.isdisjoint(element.get("class", "").split())
 
 
 def _block_text(element: etree._Element) -> str:
@@ -100,5 +118,5 @@ def _break(run: re.Match) -> str:
 def _inline(text: str | None, in_pre: int) -> str:
     if not text:
         return ""
-    text = text.translate(_NO_MARKS)
+    text = _STAR_PAGE_TEXT.sub(" ", text.translate(_NO_MARKS))
     return text if in_pre else _HTML_SPACE.sub(" ", text)
