@@ -52,6 +52,8 @@ class PreparedData:
     # `tokenizer` before data.extend_tokenizer added legal tokens (None when it did not): the ids a pretrained
     # model's embeddings know, from which legalpt.model.extend_embeddings initializes the new rows
     base_tokenizer: PreTrainedTokenizerFast | None = None
+    # the documents of the train split (id, text, ...), which the run's training-documents manifest records
+    train_documents: datasets.Dataset | None = None
 
 
 @dataclass
@@ -131,6 +133,7 @@ def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
         tokenizer=tokenizer,
         stats=stats,
         base_tokenizer=base if tokenizer is not base else None,
+        train_documents=documents_by_split["train"],
     )
 
 
