@@ -37,6 +37,7 @@ DTYPES = ("float32", "bfloat16", "float16")  # model.dtype: names of torch dtype
 MIXED_PRECISIONS = ("auto", "bf16", "fp16", "no")  # train.mixed_precision (legalpt.runtime maps auto)
 EVAL_TASKS = ("perplexity", "citations", "citation_set", "choice")  # eval.tasks, in report order (legalpt.eval)
 CHOICE_FORMATS = ("auto", "casehold", "legalbench")  # eval.choice_format (columns of each: legalpt.eval.choice)
+EVAL_DOCUMENTS = ("heldout", "all")  # eval.documents: the held-out split | every document (legalpt.eval.run)
 LOGGERS = ("wandb", "none")  # logger (legalpt.train.tracking)
 DISTRIBUTED = ("ddp", "fsdp2")  # train.distributed (legalpt.train.distributed)
 PRECISIONS = ("autocast", "bf16-fsdp")  # train.precision (legalpt.train.distributed)
@@ -47,6 +48,8 @@ ACTIVATION_CHECKPOINTING = ("none", "full", "selective", "attention")
 # batches change shape every step (legalpt.train.compile)
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 ROPE_SCALINGS = ("none", "linear", "dynamic", "llama3", "yarn")  # model.rope_scaling.type (transformers' rope_type)
+DATA_FORMATS = ("text", "sft")  # data.format: documents to pretrain on | examples to fine-tune on (legalpt.data.sft)
+SFT_TEMPLATES = ("auto", "chat", "plain")  # data.sft.template (legalpt.data.sft)
 # data.vocab_size of a BPE legalpt.data.tokenizer trains: the 256 bytes and its three special tokens
 MIN_BPE_VOCAB = 256 + 3
 
@@ -238,6 +241,26 @@ class SourceConfig:
 
 
 @dataclass
+class SFTConfig:
+    """Supervised fine-tuning examples (data.format=sft): the columns that hold them and how they are rendered."""
+
+    prompt_field: str = "prompt"  # column of a pair's prompt (context: no loss)
+    response_field: str = "response"  # column of a pair's response (the tokens trained on)
+    system_field: str | None = None  # column of an optional system message before a pair's prompt; None = none
+    messages_field: str = "messages"  # column of a chat, a list of {role, content}; read when a record has it
+    # auto (the tokenizer's chat template when it has one, else plain) | chat (the tokenizer's, required) | plain
+    # ("### Instruction:\n<prompt>\n\n### Response:\n<response><eos>")
+    template: str = "auto"
+
+    def validate(self, key: str = "data.sft") -> None:
+        """Raise ConfigError at the first bad field."""
+        for name in ("prompt_field", "response_field", "messages_field"):
+            _expect(bool(getattr(self, name)), f"{key}.{name}", "a column name", getattr(self, name))
+        _expect(self.system_field != "", f"{key}.system_field", "a column name or None", self.system_field)
+        _one_of(f"{key}.template", self.template, SFT_TEMPLATES)
+
+
+@dataclass
 class DataConfig:
     """Where documents come from and how they become packed rows of token ids."""
 
@@ -268,6 +291,9 @@ class DataConfig:
     stream_heldout_rows: int = 64  # streaming: held-out rows taken from the start of the held-out stream for eval
     clean: CleanConfig = field(default_factory=CleanConfig)  # cleaning steps (data.clean.*)
     dedup: DedupConfig = field(default_factory=DedupConfig)  # duplicate removal (data.dedup.*)
+    # text (documents: pretraining) | sft (prompt/response pairs or chats: supervised fine-tuning, see data.sft)
+    format: str = "text"
+    sft: SFTConfig = field(default_factory=SFTConfig)  # columns and template of fine-tuning examples (data.sft.*)
 
     def validate(self, key: str = "data", trains_bpe: bool = True) -> None:
         """Raise ConfigError at the first bad field; `trains_bpe`: no tokenizer is given (here or by the model)."""
@@ -289,6 +315,21 @@ class DataConfig:
         self.dedup.validate(f"{key}.dedup")
         for name, source in self.sources.items():
             source.validate(f"{key}.sources.{name}")
+        _one_of(f"{key}.format", self.format, DATA_FORMATS)
+        if self.format == "sft":
+            self._validate_sft(key)
+
+    def _validate_sft(self, key: str) -> None:
+        """Fine-tuning examples are read whole, each packed as one segment: options of documents do not apply."""
+        self.sft.validate(f"{key}.sft")
+        for name, default in (("streaming", False), ("extend_tokenizer", False), ("chunk_overlap", 0),
+                              ("synthetic_min_chars", 0), ("compare_tokenizers", [])):  # fmt: skip
+            _expect(getattr(self, name) == default, f"{key}.{name}", f"{default} with {key}.format=sft",
+                    getattr(self, name))  # fmt: skip
+        for name, source in self.sources.items():  # sources are concatenated in order, not mixed
+            where = f"{key}.sources.{name}"
+            _expect(source.weight == 1.0, f"{where}.weight", f"1 with {key}.format=sft (no mixture)", source.weight)
+            _expect(not source.streaming, f"{where}.streaming", f"false with {key}.format=sft", source.streaming)
 
 
 @dataclass
@@ -408,6 +449,9 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=lambda: list(EVAL_TASKS))
     batch_size: int = 4  # sequences per forward pass for perplexity and multiple choice
     max_documents: int = 0  # held-out documents used (perplexity, citation items); 0 = all
+    # heldout = the corpus's held-out split; all = every document. Either way the checkpoints' training documents
+    # (their run's training_documents.jsonl) are left out and counted
+    documents: str = "heldout"
     perplexity_context: int = 0  # tokens per window (at least 2); 0 = the model's max_position_embeddings
     perplexity_stride: int = 0  # new tokens scored per window past the first (< the context); 0 = half the context
     citations: CitationEvalConfig = field(default_factory=CitationEvalConfig)  # citation tasks (eval.citations.*)
@@ -433,6 +477,7 @@ class EvalConfig:
         else:
             _at_least(0, self, key, "perplexity_stride")
         _one_of(f"{key}.choice_format", self.choice_format, CHOICE_FORMATS)
+        _one_of(f"{key}.documents", self.documents, EVAL_DOCUMENTS)
         self.citations.validate(f"{key}.citations")
         self.generation.validate(f"{key}.generation")
 

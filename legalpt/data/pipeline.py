@@ -84,8 +84,13 @@ def split_corpus(cfg: DataConfig) -> Corpus:
 
 
 def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
-    """Load, split, tokenize and pack the documents of `cfg`; `pretrained` names the model whose tokenizer to use."""
+    """Load, split, tokenize and pack the documents of `cfg` (its fine-tuning examples for data.format=sft);
+    `pretrained` names the model whose tokenizer to use."""
     _check(cfg, pretrained)
+    if cfg.format == "sft":  # fine-tuning examples: rendered, masked and packed whole by legalpt.data.sft
+        from legalpt.data.sft import prepare_sft
+
+        return prepare_sft(cfg, pretrained)
     others = {name: load_tokenizer(name) for name in cfg.compare_tokenizers}  # loaded first: a bad name fails early
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
@@ -179,6 +184,10 @@ def split_documents(
 
 def format_stats(stats: dict[str, Any]) -> str:
     """A short report of `PreparedData.stats` for the terminal."""
+    if stats.get("format") == "sft":
+        from legalpt.data.sft import format_sft_stats
+
+        return format_sft_stats(stats)
     train, heldout = stats["train"], stats["heldout"]
     lines = [f"documents  {train['documents']:,} train, {heldout['documents']:,} held-out; {stats['skipped']}"]
     clean, dedup = stats["clean"], stats["dedup"]
