@@ -128,7 +128,8 @@ def prepare_sft(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
     }
     (folder / "report.json").write_text(json.dumps(report(stats), indent=2))
     rows = {split: datasets.load_from_disk(str(folder / split)) for split in SPLITS}
-    return PreparedData(train=rows["train"], heldout=rows["heldout"], tokenizer=tokenizer, stats=stats)
+    # The train split's examples (id, text: their contents joined) go into the run's training-documents manifest.
+    return PreparedData(rows["train"], rows["heldout"], tokenizer, stats, train_documents=splits["train"])
 
 
 def report(stats: dict[str, Any]) -> dict[str, Any]:
