@@ -2,12 +2,14 @@
 
 wandb runs offline (its folder inside the run folder) unless an API key is configured, so a fresh machine never
 blocks on a login prompt (`legalpt.runtime.wandb_offline_unless_keyed`); `logger=none` turns it off. metrics.jsonl is
-written whatever the logger, by rank 0 only.
+written whatever the logger, by rank 0 only; a resume drops its lines past the checkpoint, and a last line that a
+crash cut short.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -16,6 +18,8 @@ from accelerate import Accelerator
 
 from legalpt.config import LOGGERS
 from legalpt.runtime import wandb_offline_unless_keyed
+
+log = logging.getLogger(__name__)
 
 
 def tracker_name(logger: str) -> str | None:
@@ -45,6 +49,20 @@ def start_tracking(accelerator: Accelerator, logger: str, project: str, run_dir:
     return str(files.parent)
 
 
+def readable_lines(path: Path) -> list[tuple[str, int]]:
+    """(line, step) of every line of a metrics.jsonl that holds a JSON object with a step. Others are dropped with a
+    warning: a last line cut short by a process that died while writing it, or a line damaged by hand."""
+    lines = path.read_text(errors="replace").splitlines()  # a cut may split a character
+    readable = []
+    for number, line in enumerate(lines, 1):
+        try:
+            readable.append((line, int(json.loads(line)["step"])))
+        except (ValueError, KeyError, TypeError) as error:  # TypeError: valid JSON, but not an object
+            what = "its last line, cut short" if number == len(lines) else f"line {number}, damaged"
+            log.warning("%s: dropping %s (%s)", path, what, error)
+    return readable
+
+
 class MetricsLog:
     """Appends one JSON object per logged step to `<run_dir>/metrics.jsonl` and forwards it to the tracker."""
 
@@ -53,9 +71,10 @@ class MetricsLog:
         self.path = run_dir / "metrics.jsonl"
         if accelerator.is_main_process and self.path.exists():
             # A resumed run repeats the steps after its checkpoint: drop their old lines.
-            lines = self.path.read_text().splitlines()
-            kept = [line for line in lines if json.loads(line)["step"] <= start_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            kept = [line for line, step in readable_lines(self.path) if step <= start_step]
+            partial = self.path.with_name(self.path.name + ".partial")
+            partial.write_text("".join(line + "\n" for line in kept))
+            partial.replace(self.path)  # the history stays whole if the process dies while it is rewritten
 
     def log(self, step: int, values: dict[str, float | str]) -> None:
         self.accelerator.log(values, step=step)
