@@ -1,6 +1,6 @@
-"""The eval report: report.json (everything), report.md (headline metrics, one column per checkpoint, with 95%
-bootstrap intervals), PNG plots of citation accuracy by reporter, by position in the document and by prompt length,
-and the same to wandb when it is on.
+"""The eval report: report.json (everything), report.md (the documents scored and those left out as trained on,
+headline metrics, one column per checkpoint, with 95% bootstrap intervals), PNG plots of citation accuracy by
+reporter, by position in the document and by prompt length, and the same to wandb when it is on.
 
 Headline rows are found, not listed: every number or interval ({mean, low, high}) in a task's summary becomes a
 row, while per-item and per-bucket detail (lists, `by_*` breakdowns) stays in the JSON and the plots.
@@ -67,7 +67,13 @@ def markdown(report: dict) -> str:
     names = list(results)
     lines = ["# legalpt evaluation", ""]
     lines += [f"- checkpoint {i + 1}: `{name}`" for i, name in enumerate(names)]
-    lines += [f"- eval set: `{report['eval_set']['path']}`", f"- held-out documents: {report['data']['documents']}"]
+    data = report["data"]
+    scope = "every document" if data["scope"] == "all" else "the held-out split"
+    lines += [
+        f"- eval set: `{report['eval_set']['path']}`",
+        f"- documents scored: {data['documents']} of {scope}; "
+        f"{data['excluded_training']} left out as training documents of the checkpoint(s)",
+    ]
     header = "| metric | " + " | ".join(f"checkpoint {i + 1}" for i in range(len(names))) + " |"
     for task in (task for task in EVAL_TASKS if any(task in r for r in results.values())):
         rows = {name: headline(results[name].get(task, {})) for name in names}

@@ -1,10 +1,12 @@
 """`legalpt-eval`: perplexity, citation accuracy, citation sets and multiple choice for one checkpoint or two.
 
 With no arguments it evaluates the newest run's HF export (under `eval.runs_dir`) on the held-out documents of the
-configured corpus — the demo corpus by default, split exactly as training split it. The eval set (citation prompts
-with their gold citations, and the opinions to continue) is built once from text, written to `eval_set.jsonl`, and
-used for every checkpoint, so a comparison (`eval.compare=...`) scores both models on the same items; pass
-`eval.eval_set=<that file>` to reuse it in a later run.
+configured corpus — the demo corpus by default, split exactly as training split it — or, with `eval.documents=all`,
+on every document of it. Either way no document a checkpoint was trained on is scored: the training-documents
+manifest of its run (`legalpt.data.manifest`) names them, and they are left out and counted. The eval set (citation
+prompts with their gold citations, and the opinions to continue) is built once from text, written to
+`eval_set.jsonl`, and used for every checkpoint, so a comparison (`eval.compare=...`) scores both models on the same
+items; pass `eval.eval_set=<that file>` to reuse it in a later run.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
 from legalpt.config import EVAL_TASKS, Config, DataConfig, EvalConfig, to_config
+from legalpt.data.clean import clean_text
+from legalpt.data.manifest import MANIFEST, TrainingDocuments
 from legalpt.data.pipeline import split_corpus
-from legalpt.data.stream import heldout_records
+from legalpt.data.readers.rows import SkipReport
+from legalpt.data.stream import in_heldout, skip_reason, stream_records
 from legalpt.eval import choice, citations
 from legalpt.eval.generate import generate, generate_with_stats
 from legalpt.eval.perplexity import document_perplexity
@@ -150,20 +155,70 @@ def default_output_dir(checkpoint: str) -> Path:
     return folder / "eval" if folder.is_dir() else Path("eval")
 
 
-def heldout_documents(cfg: DataConfig, max_documents: int) -> tuple[list[dict], dict]:
-    """The held-out documents of the corpus, cleaned, deduplicated and split exactly as training split them; and what
-    loading skipped."""
-    if cfg.streaming:  # a streamed run splits by a hash of each document (legalpt/data/stream.py)
-        rows, skipped = heldout_records(cfg, max_documents)
+def training_documents(checkpoints: list[str]) -> TrainingDocuments:
+    """The documents any of `checkpoints` was trained on, from their runs' manifests; a checkpoint without one (a hub
+    model, or a folder trained elsewhere) is named in a warning, since nothing can be left out for it."""
+    found = {checkpoint: TrainingDocuments.find(checkpoint) for checkpoint in checkpoints}
+    for checkpoint in (c for c, path in found.items() if path is None):
+        log.warning("%s: no %s beside it or its run folder: its training documents cannot be left out", checkpoint,
+                    MANIFEST)  # fmt: skip
+    return TrainingDocuments.load(path for path in found.values() if path is not None)
+
+
+def heldout_documents(
+    cfg: DataConfig, max_documents: int, everything: bool = False, training: TrainingDocuments | None = None
+) -> tuple[list[dict], dict]:
+    """The documents to score, cleaned as training cleans them: the corpus's held-out split (split exactly as
+    training split it), or with `everything` every document; at most `max_documents` (0 = all), none of `training`.
+    Also what loading skipped and how many documents were left out as trained on.
+
+    A streamed corpus, or a checkpoint trained on a stream, is read as a stream: its split is a hash rule on the
+    text as read (legalpt/data/stream.py), which only a stream of raw records can apply."""
+    training = training or TrainingDocuments()
+    if cfg.streaming or training.needs_raw_text:
+        rows, skipped, excluded = _streamed_documents(cfg, max_documents, everything, training)
     else:
         corpus = split_corpus(cfg)
-        heldout, skipped = corpus.splits["heldout"], corpus.skipped
-        if max_documents:
-            heldout = heldout.select(range(min(max_documents, heldout.num_rows)))
-        rows = [{"id": r["id"], "text": r["text"], "kind": r["kind"]} for r in heldout]
+        candidates, skipped = corpus.documents if everything else corpus.splits["heldout"], corpus.skipped
+        rows = [{"id": r["id"], "text": r["text"], "kind": r["kind"]} for r in candidates]
+        kept = [row for row in rows if not training.trained(row["text"])]
+        excluded, rows = len(rows) - len(kept), kept[: max_documents or None]
     if not rows:
-        raise ValueError("data: the held-out split is empty; use more documents or a larger data.heldout_fraction")
-    return rows, {"documents": len(rows), "skipped": str(skipped)}
+        raise ValueError(_nothing_to_score(cfg, everything, excluded, training))
+    stats = {"documents": len(rows), "scope": "all" if everything else "heldout", "skipped": str(skipped)}
+    return rows, {**stats, "excluded_training": excluded, "manifests": training.paths}
+
+
+def _streamed_documents(
+    cfg: DataConfig, limit: int, everything: bool, training: TrainingDocuments
+) -> tuple[list[dict], SkipReport, int]:
+    """`heldout_documents` of a corpus read as a stream of raw records, in stream order; reading stops at `limit`."""
+    rows, skipped, excluded = [], SkipReport(), 0
+    for record in stream_records(cfg):
+        if reason := skip_reason(record):
+            skipped.add(reason, record.get("id") or "")
+            continue
+        raw = record["text"]
+        if not (everything or in_heldout(raw, cfg.heldout_fraction, cfg.seed)):
+            continue
+        if not (text := clean_text(raw, cfg.clean)):
+            skipped.add("emptied by cleaning", record.get("id") or "")
+        elif training.trained(text, raw):
+            excluded += 1
+        else:
+            rows.append({"id": record["id"], "text": text, "kind": record["kind"]})
+            if limit and len(rows) >= limit:
+                break
+    return rows, skipped, excluded
+
+
+def _nothing_to_score(cfg: DataConfig, everything: bool, excluded: int, training: TrainingDocuments) -> str:
+    if excluded:
+        return (f"data: all {excluded} candidate documents were trained on (named in {', '.join(training.paths)}); "
+                "evaluate on documents the checkpoint never saw")  # fmt: skip
+    if everything:
+        return f"data: no document to score in data.paths {list(cfg.paths)}"
+    return "data: the held-out split is empty; use more documents, a larger data.heldout_fraction or eval.documents=all"
 
 
 def build_eval_set(documents: list[dict], tokenizer, cfg: EvalConfig, tasks: list[str]) -> EvalSet:
@@ -250,6 +305,13 @@ def score_citation_sets(model, tokenizer, eval_set: EvalSet, cfg: EvalConfig) ->
     return citations.summarize_citation_set(items, scores, cfg.bootstrap, cfg.seed)
 
 
+def _warn_if_cleaned_otherwise(training: TrainingDocuments, cfg: DataConfig) -> None:
+    """Manifests hash cleaned text: documents cleaned by other settings would not be recognized."""
+    if any(clean != dataclasses.asdict(cfg.clean) for clean in training.cleans):
+        log.warning("data.clean differs from the cleaning the checkpoint's training used (%s): a training document "
+                    "cleaned differently is not recognized; evaluate with the run's data.clean", MANIFEST)  # fmt: skip
+
+
 def evaluate(cfg: DictConfig | Config) -> dict:
     """Evaluate the checkpoint(s) `cfg` names, write the report, and return it."""
     cfg = to_config(cfg)
@@ -261,7 +323,16 @@ def evaluate(cfg: DictConfig | Config) -> dict:
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision))
     log_on_main_process_only(accelerator)
 
-    documents, data_stats = heldout_documents(cfg.data, cfg.eval.max_documents)
+    training = training_documents(checkpoints)
+    _warn_if_cleaned_otherwise(training, cfg.data)
+    everything = cfg.eval.documents == "all"
+    documents, data_stats = heldout_documents(cfg.data, cfg.eval.max_documents, everything, training)
+    log.info(
+        "documents: %d to score (%s), %d left out as training documents of the checkpoint(s)",
+        data_stats["documents"],
+        "every document" if everything else "held-out split",
+        data_stats["excluded_training"],
+    )
     if cfg.eval.eval_set:
         eval_set = EvalSet.load(Path(cfg.eval.eval_set).expanduser())
     else:

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from legalpt.config import Config, TrainConfig, to_config
+from legalpt.data.manifest import write_manifest
 from legalpt.data.pack import IGNORE_INDEX, collate_packed
 from legalpt.data.pipeline import format_stats, prepare
 from legalpt.data.stream import format_stream_stats, prepare_stream, stream_batches
@@ -157,6 +158,8 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
         else:
             data = prepare(cfg.data, cfg.model.pretrained)
     log.info("data\n%s", format_stream_stats(data.stats) if streaming else format_stats(data.stats))
+    if accelerator.is_main_process:  # what legalpt-eval keeps out of what it scores
+        write_manifest(run_dir, cfg.data, None if streaming else data.train_documents)
     # On the device before the optimizer exists, so AdamW can choose its fused kernel; train mode, since
     # from_pretrained returns a model in eval mode. A checkpoint whose tokenizer data.extend_tokenizer extended gets
     # embedding rows for the added tokens (streaming does not extend).

@@ -1,12 +1,15 @@
-"""`legalpt-eval` end to end on tiny models: every task, two checkpoints side by side, report files, eval-set reuse."""
+"""`legalpt-eval` end to end on tiny models: every task, two checkpoints side by side, report files, eval-set reuse,
+and no training document scored (a tiny run trained on a folder, evaluated on it and on others)."""
 
 import json
+import random
 
 import pytest
 import torch
 
-from legalpt.config import DataConfig, compose
-from legalpt.data.pipeline import prepare
+from legalpt.config import ConfigError, DataConfig, compose, to_config
+from legalpt.data.manifest import MANIFEST
+from legalpt.data.pipeline import prepare, split_corpus
 from legalpt.eval.run import CheckpointError, EvalSet, evaluate, resolve_checkpoint
 from legalpt.model import build_model
 
@@ -174,3 +177,130 @@ def test_checkpoints_are_checked_before_anything_loads(runs, tmp_path, monkeypat
     missing = tmp_path / "missing"
     with pytest.raises(CheckpointError, match=rf"^eval\.compare: {missing} is not a folder and not a hub id"):
         evaluate(compose("eval", overrides(runs, f"eval.checkpoint={root / 'base'}", f"eval.compare={missing}")))
+
+
+WORDS = ["court", "held", "lessee", "notice", "motion", "appeal", "statute", "remand", "tenant", "damages", "deed"]
+
+
+def write_documents(folder, rng, count: int) -> dict[str, str]:
+    """`count` text files of random legal-sounding words; file name -> text."""
+    folder.mkdir()
+    texts = {f"doc{i}.txt": " ".join(rng.choices(WORDS, k=rng.randint(60, 120))) + "." for i in range(count)}
+    for name, text in texts.items():
+        (folder / name).write_text(text)
+    return texts
+
+
+def files_overrides(folder, cache, *extra: str) -> list[str]:
+    return [
+        "model=tiny",
+        "logger=none",
+        "data=files",
+        f"data.paths=[{folder}]",
+        "data.seq_len=128",
+        "data.vocab_size=300",
+        f"data.cache_dir={cache}",
+        *extra,
+    ]
+
+
+def scored_ids(report: dict) -> list[str]:
+    (result,) = report["checkpoints"].values()
+    return [row["id"] for row in result["perplexity"]["per_document"]]
+
+
+@pytest.fixture(scope="module")
+def trained_on_files(tmp_path_factory):
+    """A tiny run trained on a folder of 10 documents (8 train, 2 held out), and the texts of its training split."""
+    from legalpt.train.trainer import train
+
+    root = tmp_path_factory.mktemp("contamination")
+    rng = random.Random(1234)
+    texts = write_documents(root / "opinions", rng, 10)
+    cache, run_dir = root / "cache", root / "run"
+    split = ["data.heldout_fraction=0.2", "data.seed=0"]
+    train_steps = ["train.steps=1", "train.warmup_steps=0", "train.eval_every=1", "train.save_every=1"]
+    cfg = compose(
+        "train", files_overrides(root / "opinions", cache, *split, *train_steps, f"train.output_dir={run_dir}")
+    )
+    train(cfg)
+    trained = split_corpus(to_config(cfg).data).splits["train"]
+    return root, texts, {row["text"] for row in trained}
+
+
+def eval_on(root, folder, *extra: str) -> dict:
+    return evaluate(
+        compose(
+            "eval",
+            files_overrides(
+                folder,
+                root / "cache",
+                "eval.tasks=[perplexity]",
+                "eval.perplexity_context=128",
+                "eval.bootstrap=0",
+                f"eval.output_dir={root / 'eval'}",
+                *extra,
+            ),
+        )
+    )
+
+
+@pytest.mark.parametrize("given", ["run", "export"])
+def test_eval_on_the_training_folder_scores_no_training_document(trained_on_files, given):
+    """Re-split with another seed and fraction, the held-out split holds training documents: they are left out and
+    counted, whether the checkpoint is given as the run folder or as its HF export."""
+    root, texts, trained = trained_on_files
+    checkpoint = root / "run" if given == "run" else root / "run" / "hf"
+    resplit = ["data.heldout_fraction=0.6", "data.seed=7"]
+    report = eval_on(root, root / "opinions", f"eval.checkpoint={checkpoint}", *resplit)
+    heldout = split_corpus(
+        to_config(compose("eval", files_overrides(root / "opinions", root / "cache", *resplit))).data
+    )
+    candidates = [row["text"] for row in heldout.splits["heldout"]]
+    expected = [t for t in candidates if t not in trained]
+    assert 0 < len(expected) < len(candidates)  # the re-split does hold training documents
+    by_id = {str(root / "opinions" / name): text for name, text in texts.items()}
+    assert [by_id[i] for i in scored_ids(report)] == expected
+    assert report["data"]["excluded_training"] == len(candidates) - len(expected)
+    assert report["data"]["manifests"] == [str(root / "run" / MANIFEST)]
+    md = (root / "eval" / "report.md").read_text()
+    assert f"{len(candidates) - len(expected)} left out as training documents" in md
+
+
+def test_documents_all_scores_a_disjoint_folder_whole_and_leaves_out_copies(trained_on_files, rng):
+    """eval.documents=all: a folder the model never saw is scored whole; training documents copied into another
+    folder under other names (and with other line breaks) are recognized by content, left out and counted."""
+    root, _, trained = trained_on_files
+    tag = rng.randrange(10**6)  # each parametrized run its own folders
+    fresh_folder, mixed_folder = root / f"fresh{tag}", root / f"mixed{tag}"
+    fresh = write_documents(fresh_folder, rng, 4)
+    copied = rng.sample(sorted(trained), 3)
+    mixed_folder.mkdir()
+    for i, text in enumerate(copied):
+        (mixed_folder / f"copy{i}.txt").write_text(text.replace(" ", "\n", 5))
+    for name, text in fresh.items():
+        (mixed_folder / name).write_text(text)
+    checkpoint = f"eval.checkpoint={root / 'run'}"
+
+    whole = eval_on(root, fresh_folder, checkpoint, "eval.documents=all")
+    assert sorted(scored_ids(whole)) == sorted(str(fresh_folder / name) for name in fresh)
+    assert whole["data"]["excluded_training"] == 0
+
+    mixed = eval_on(root, mixed_folder, checkpoint, "eval.documents=all")
+    assert sorted(scored_ids(mixed)) == sorted(str(mixed_folder / name) for name in fresh)
+    assert mixed["data"]["excluded_training"] == len(copied) and mixed["data"]["scope"] == "all"
+
+
+def test_a_folder_of_training_documents_alone_is_refused_by_name(trained_on_files, rng):
+    root, _, trained = trained_on_files
+    folder = root / f"copies{rng.randrange(10**6)}"
+    folder.mkdir()
+    for i, text in enumerate(rng.sample(sorted(trained), 2)):
+        (folder / f"copy{i}.txt").write_text(text)
+    with pytest.raises(ValueError, match=r"^data: all 2 candidate documents were trained on \(named in .*run/"):
+        eval_on(root, folder, f"eval.checkpoint={root / 'run'}", "eval.documents=all")
+
+
+def test_eval_documents_is_checked(runs):
+    with pytest.raises(ConfigError, match=r"eval\.documents"):
+        evaluate(compose("eval", overrides(runs, "eval.documents=everything")))
