@@ -41,12 +41,12 @@ import pyarrow.compute as pc
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from legalpt.config import DataConfig, SFTConfig, SourceConfig
-from legalpt.data import pack
+from legalpt.config import DataConfig, SFTConfig
 from legalpt.data.pack import pack_example_dataset
 from legalpt.data.pipeline import SPLITS, PreparedData, _holds, split_documents
+from legalpt.data.pipeline import _cache_key as documents_cache_key
 from legalpt.data.readers.rows import SkipReport
-from legalpt.data.sources import find_files
+from legalpt.data.sources import find_files, open_source
 from legalpt.data.tokenizer import get_tokenizer
 
 INSTRUCTION, RESPONSE = "### Instruction:\n", "\n\n### Response:\n"  # the plain template around a user turn
@@ -233,7 +233,7 @@ def _record_sources(cfg: DataConfig, skipped: SkipReport) -> Iterator[tuple[str,
                 (path, read_examples_file(path, f"{where}.paths", cfg.cache_dir)) for path in find_files(source.paths)
             ]
         else:
-            parts = [(name, _load_source(where, source, cfg.cache_dir))]
+            parts = [(name, open_source(name, source, cfg))]
         for part, records in parts:
             yield part, _at_most(records, source.max_documents, part, skipped)
 
@@ -259,29 +259,14 @@ def read_examples_file(path: str, key: str, cache_dir: str) -> datasets.Dataset:
     builder, options = _BUILDERS[suffixes[-1]]
     try:
         return datasets.load_dataset(
-            builder, data_files=[path], split="train", cache_dir=_datasets_cache(cache_dir), **options
+            builder,
+            data_files=[path],
+            split="train",
+            cache_dir=str(Path(cache_dir).expanduser() / "datasets"),
+            **options,
         )
     except (datasets.exceptions.DatasetGenerationError, ValueError, OSError) as error:
         raise ValueError(f"{key}: cannot read {path!r} as {builder}: {error}") from error
-
-
-def _load_source(where: str, source: SourceConfig, cache_dir: str) -> datasets.Dataset:
-    try:
-        return datasets.load_dataset(
-            source.name,
-            source.config,
-            data_files=list(source.data_files) or None,
-            split=source.split,
-            cache_dir=_datasets_cache(cache_dir),
-        )
-    except (FileNotFoundError, ConnectionError, ValueError) as error:  # DatasetNotFoundError is a FileNotFoundError
-        raise ValueError(
-            f"{where}: cannot load {source.name!r} (config {source.config!r}, split {source.split!r}): {error}"
-        ) from error
-
-
-def _datasets_cache(cache_dir: str) -> str:
-    return str(Path(cache_dir).expanduser() / "datasets")
 
 
 def resolve_template(setting: str, tokenizer: PreTrainedTokenizerFast) -> str:
@@ -388,16 +373,14 @@ def tokenize(pieces: list[tuple[str | list[int], bool]], backend: Tokenizer) -> 
 
 
 def _cache_key(chats: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, template: str, cfg: DataConfig) -> str:
-    digest = hashlib.sha256()
+    """Pretraining's key of the chats' texts (tokenizer, split, seq_len, packing code), extended by what rendering
+    adds: the chats themselves, the template, and this module's code."""
+    digest = hashlib.sha256(documents_cache_key(chats, tokenizer, cfg).encode())
     for batch in chats.iter(batch_size=1024):
         for where, messages in zip(batch["id"], batch["messages"], strict=True):
             digest.update(json.dumps([where, messages]).encode())
-    digest.update(json.dumps([cfg.seq_len, cfg.seed, cfg.heldout_fraction, cfg.bos, cfg.eos, template]).encode())
-    digest.update(tokenizer.backend_tokenizer.to_str().encode())
-    digest.update(f"{tokenizer.bos_token_id}-{tokenizer.eos_token_id}-{tokenizer.pad_token_id}".encode())
-    digest.update((tokenizer.chat_template or "").encode() if template == "chat" else b"")
-    # The code that makes the rows is part of their identity: change it, and old rows are not reused.
-    digest.update(Path(pack.__file__).read_bytes() + Path(__file__).read_bytes())
+    digest.update(json.dumps([template, tokenizer.chat_template if template == "chat" else None]).encode())
+    digest.update(Path(__file__).read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -273,3 +273,32 @@ def _backend(tokenizer, special_strings_as_text: bool):
     backend = copy.deepcopy(tokenizer.backend_tokenizer)
     backend.encode_special_tokens = special_strings_as_text
     return backend
+
+
+def test_prepare_renders_chats_with_the_tokenizers_template(tmp_path, rng, chat_tokenizer):
+    chat_tokenizer.save_pretrained(tmp_path / "chatml")
+    chats = []
+    for _ in range(6):
+        turns = rng.randint(1, 3)
+        chat = [{"role": "system", "content": sentence(rng, 3)}] if rng.random() < 0.5 else []
+        for _ in range(turns):
+            chat += [{"role": "user", "content": sentence(rng, 5)}, {"role": "assistant", "content": sentence(rng, 4)}]
+        chats.append(chat)
+    (tmp_path / "chats.jsonl").write_text("\n".join(json.dumps({"messages": chat}) for chat in chats))
+    overrides = [f"data.paths=[{tmp_path / 'chats.jsonl'}]", f"data.tokenizer={tmp_path / 'chatml'}"]
+    data = prepare(to_config(compose("prepare", sft_overrides(tmp_path, *overrides))).data)
+
+    assert data.stats["template"] == "chat"
+    expected = {}
+    for chat in chats:
+        reference = chat_tokenizer.apply_chat_template(chat, return_dict=True, return_assistant_tokens_mask=True)
+        expected[tuple(reference["input_ids"])] = reference["assistant_masks"]
+    found = []
+    for row in [*data.train, *data.heldout]:
+        start = 0
+        for length in row["seq_lens"][: len(row["seq_lens"]) - (row["num_pad"] > 0)]:
+            segment = tuple(row["input_ids"][start : start + length])
+            assert row["loss_mask"][start : start + length] == expected[segment]
+            found.append(segment)
+            start += length
+    assert sorted(found) == sorted(expected)
