@@ -1,8 +1,8 @@
-"""Tokenizer extension with legal tokens: the tokens chosen, their round trip, their embedding rows, tokens per byte."""
+"""Tokenizer extension with legal tokens: the tokens chosen and the tokens they save, word boundaries, junk, the check
+on unmined documents, their round trip, their embedding rows, tokens per byte."""
 
 import json
 import re
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -12,13 +12,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from legalpt.config import DataConfig, ModelConfig, compose
 from legalpt.data import tokenizer as tokenizer_module
-from legalpt.data.pipeline import format_stats, prepare, split_corpus
+from legalpt.data.pipeline import format_stats, prepare, split_corpus, split_documents
+from legalpt.data.sources import load_documents
 from legalpt.data.tokenizer import (
+    CHECK_EVERY,
     compare_tokenizers,
     extend_tokenizer,
     legal_tokens,
     tokens_per_byte,
     train_bpe,
+    with_legal_tokens,
 )
 from legalpt.model import build_model, extend_embeddings
 from legalpt.train.trainer import train
@@ -62,39 +65,146 @@ def test_reporter_abbreviations_become_one_token_and_text_round_trips(tmp_path, 
         assert extended.convert_tokens_to_ids(f" {reporter}") in ids
     assert len(ids) < len(base(citation, add_special_tokens=False)["input_ids"])
 
-    # Every new id decodes to its text and that text encodes back to the id; whole texts stay lossless.
-    for i in range(len(base), len(extended)):
-        assert extended(extended.decode([i]), add_special_tokens=False)["input_ids"] == [i]
+    # An abbreviation's id decodes to its text and that text encodes back to the id; every merge's token is used on
+    # the corpus; whole texts stay lossless.
+    for reporter in added["reporters"]:
+        i = extended.convert_tokens_to_ids(reporter)
+        assert i >= len(base) and extended(extended.decode([i]), add_special_tokens=False)["input_ids"] == [i]
+    used = {i for ids in extended(texts, add_special_tokens=False)["input_ids"] for i in ids}
+    assert set(range(len(base), len(extended))) <= used
     for text in [*texts[:3], citation, "Unseen: ½ ∑ 漢字 🙂 \t\n F.3d at the start U.S.C. §"]:
         assert extended.decode(extended(text, add_special_tokens=False)["input_ids"]) == text
 
 
-def test_terms_are_the_words_that_save_the_most_tokens(rng, texts, base):
-    budget = 12
-    added = legal_tokens(base, texts, budget)
-    # Reference: the texts are single-space separated, so str.split finds each word; a word after a space carries
-    # it, the first word of a document does not. Citations are not words (digits, dots).
-    counts, documents = Counter(), Counter()
-    for text in texts:
-        first, *rest = text.split(" ")
-        found = [first] + [f" {word}" for word in rest]
-        counts.update(found)
-        documents.update(set(found))
-    counts = {w: n for w, n in counts.items() if re.fullmatch(r" ?[a-zA-Z]{2,}", w) and documents[w] >= 2}
-    savings = {w: n * (len(base(w, add_special_tokens=False)["input_ids"]) - 1) for w, n in counts.items()}
-    best = sorted((s for s in savings.values() if s > 0), reverse=True)
-    budget_left = budget - len(added["reporters"])
-    assert [savings[w] for w in added["terms"]] == best[:budget_left]
+def token_count(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> int:
+    return sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
 
-    # Saved tokens, not frequency or length alone: 4 × (6 - 1) = 20 beats 9 × (3 - 1) = 18, though 9 × 3 > 4 × 6;
-    # and a word of one document only is not chosen, though it would save 3 × (9 - 1) = 24.
-    assert [len(base(w)["input_ids"]) for w in (" QZQZQ", " QZ", " QZQZQZQZ")] == [6, 3, 9]  # no Q, Z in the base
-    halves = [["QZQZQ"] * 2 + ["QZ"] * 5 + ["QZQZQZQZ"] * 3, ["QZQZQ"] * 2 + ["QZ"] * 4]
-    for words in halves:
-        rng.shuffle(words)
-    documents = ["a " + " ".join(words) for words in halves]
-    assert legal_tokens(base, documents, 1) == {"reporters": [], "terms": [" QZQZQ"]}
-    assert legal_tokens(base, documents, 5)["terms"] == [" QZQZQ", " QZ"]
+
+def test_merges_are_the_pairs_that_save_the_most_tokens_on_the_text(rng):
+    # Words of letters only, each in every document: every word of the text is mined, so the savings a merge claims
+    # are the tokens it saves on the whole text, which the real tokenizer measures.
+    words = ["".join(rng.choices("abcdefgh", k=rng.randint(3, 7))) for _ in range(12)]
+    documents = ["lorem " + " ".join(rng.sample(words, len(words)) + rng.choices(words, k=40)) for _ in range(4)]
+    base = train_bpe(documents, 270)
+    added = legal_tokens(base, documents, 4)
+    assert added["reporters"] == [] and len(added["merges"]) == 4
+
+    for k, (left, right, saved) in enumerate(added["merges"]):
+        before = with_legal_tokens(base, {"reporters": [], "merges": added["merges"][:k]})
+        vocab = before.get_vocab()
+        # Every two adjacent tokens of one word that would make a new token could be the next merge: try each.
+        candidates = set()
+        for encoding in before.backend_tokenizer.encode_batch(documents, add_special_tokens=False):
+            tokens, word_ids = encoding.tokens, encoding.word_ids
+            pairs = zip(tokens, tokens[1:], word_ids, word_ids[1:], strict=False)
+            candidates |= {(a, b) for a, b, wa, wb in pairs if wa == wb and a + b not in vocab}
+        real = {}
+        for pair in candidates:
+            after = with_legal_tokens(base, {"reporters": [], "merges": [*added["merges"][:k], [*pair, 0]]})
+            real[pair] = token_count(before, documents) - token_count(after, documents)
+        assert real[(left, right)] == saved == max(real.values())
+    extended = with_legal_tokens(base, added)
+    assert token_count(base, documents) - token_count(extended, documents) == sum(s for *_, s in added["merges"])
+    assert added["terms"] == [extended.decode([extended.convert_tokens_to_ids(a + b)]) for a, b, _ in added["merges"]]
+
+
+def test_extension_never_lengthens_an_encoding(tmp_path, rng):
+    # The base knows the long words; the corpus mines their stems. A stem made one token wherever its text occurs
+    # would split " advertisements" (one token) into " advertise" + "ments".
+    general = [" ".join(rng.choices(["advertisements", "trademarks", "sublicensees", "the", "and"], k=300))] * 3
+    base = train_bpe(general, 600)
+    assert len(base(" advertisements")["input_ids"]) == 1 < len(base(" advertise")["input_ids"])
+    stems = ["advertise", "licensee", "indemnify", "trademark", "the", "and", "of"]
+    mining = [" ".join(rng.choices(stems, k=200)) + "\n(Licensee) Advertise, licensee@advertise.com" for _ in range(6)]
+    extended, added = extend_tokenizer(base, mining, 16, str(tmp_path))
+    assert {" advertise", " trademark"} <= set(added["terms"])
+    unseen = [
+        "the advertisements and trademarks, " * 5,
+        "Sublicensees (advertisements) trademarks; ADVERTISEMENTS of licensees",
+        "mail advertisement@trademark.example or see https://advertise.example/licensee",
+        "readvertise untrademarked unadvertised, indemnifying the Licensee's advertisers",
+    ]
+    for text in unseen:
+        assert len(extended(text)["input_ids"]) <= len(base(text)["input_ids"]), text
+    assert token_count(extended, mining) < token_count(base, mining) and added["check"]["applied"]
+
+
+def test_junk_is_not_mined(rng):
+    # Words use the letters a to m; e-mails, URLs, paths, numbers, ids and mixed-case strings use n to z, and are
+    # far more frequent: no new token may hold one of their letters.
+    def junk_word(k: int) -> str:
+        return "".join(rng.choices("nopqrstuvwxyz", k=k))
+
+    junk = [
+        f"{junk_word(5)}@{junk_word(6)}.{junk_word(3)}",
+        f"https://www.{junk_word(7)}.{junk_word(3)}/{junk_word(5)}",
+        f"/{junk_word(4)}/{junk_word(6)}/{junk_word(5)}",
+        f"C:\\{junk_word(5).title()}\\{junk_word(6)}",
+        f"{rng.randint(10**5, 10**9)}",
+        f"{junk_word(3)}{rng.randint(10, 99)}{junk_word(3)}",
+        f"{junk_word(3)}.{junk_word(4)}",
+        f"{junk_word(3)}{junk_word(3).upper()}{junk_word(2)}",
+        f"{junk_word(3).title()}{junk_word(4).title()}",
+    ]
+    words = ["".join(rng.choices("abcdefghijklm", k=rng.randint(3, 8))) for _ in range(20)]
+    documents = [" ".join(rng.choices(junk, k=300) + rng.choices(words, k=100)) for _ in range(5)]
+    rng.shuffle(documents)
+    base = train_bpe(documents, 300)
+    added = legal_tokens(base, documents, 64)
+    assert added["terms"], "the words should be mined"
+    for term in added["terms"]:
+        assert re.fullmatch(r" ?[a-m]+", term), term
+
+
+def alphabet_documents(rng, n: int, foreign: set[int]) -> list[str]:
+    """`n` documents of words of the letters a to m, except those at the indices `foreign`: letters n to z."""
+    ours = ["".join(rng.choices("abcdefghijklm", k=rng.randint(3, 8))) for _ in range(30)]
+    theirs = ["".join(rng.choices("nopqrstuvwxyz", k=rng.randint(3, 8))) for _ in range(30)]
+    return [" ".join(rng.choices(theirs if i in foreign else ours, k=200)) for i in range(n)]
+
+
+def test_an_extension_that_does_not_help_unmined_documents_is_not_applied(tmp_path, rng):
+    check = set(range(1, 12, CHECK_EVERY))  # the documents the extension is checked on, not mined
+    for foreign, applied in ((check, False), (set(), True)):
+        documents = alphabet_documents(rng, 12, foreign)
+        base = train_bpe(documents, 320)
+        extended, added = extend_tokenizer(base, documents, 24, str(tmp_path))
+        assert added["merges"], "the mined documents have words worth merging"
+        checked = [documents[i] for i in sorted(check)]
+        expected = token_count(base, checked) / sum(len(text.encode()) for text in checked)
+        assert added["check"]["documents"] == len(check) and added["check"]["base"] == pytest.approx(expected)
+        assert added["check"]["applied"] == applied == (added["check"]["extended"] < added["check"]["base"])
+        if applied:
+            assert len(extended) == len(base) + len(added["merges"])
+            assert added["check"]["extended"] == pytest.approx(tokens_per_byte(extended, checked))
+        else:  # the merges, of letters a to m, cannot change words of n to z
+            assert extended is base and added["check"]["extended"] == added["check"]["base"]
+
+
+def test_prepare_reports_an_extension_that_was_not_applied(tmp_path, rng):
+    cfg = DataConfig(
+        paths=[str(tmp_path / "docs.jsonl")], cache_dir=str(tmp_path / "cache"), vocab_size=320, seq_len=128,
+        heldout_fraction=0.1, extend_tokenizer=True, extra_tokens=24,
+    )  # fmt: skip
+    # The split is a seeded permutation of the document indices: find the training documents that are checked on.
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": f"document {i}"}) for i in range(20)))
+    train, _ = split_documents(load_documents(cfg)[0], cfg.heldout_fraction, cfg.seed)
+    checked = {int(train[i]["text"].split()[1]) for i in range(1, train.num_rows, CHECK_EVERY)}
+    documents = alphabet_documents(rng, 20, checked)
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": text}) for text in documents))
+
+    data = prepare(cfg)
+    added = data.stats["added_tokens"]
+    assert added["merges"] and not added["check"]["applied"] and added["check"]["documents"] == len(checked)
+    assert data.base_tokenizer is None and data.stats["vocab_size"] == len(data.tokenizer) <= cfg.vocab_size
+    assert set(data.stats["tokens_per_byte"]["tokenizers"]) == {"base"}
+    report = json.loads((Path(data.stats["rows_dir"]) / "report.json").read_text())
+    assert report["added_tokens"]["check"] == added["check"]
+    figures = f"{added['check']['base']:.4f} → {added['check']['extended']:.4f}"
+    assert f"not extended, 0 reporter abbreviations and {len(added['terms'])} word tokens do not help" in format_stats(
+        data.stats
+    )
+    assert figures in format_stats(data.stats)
 
 
 def test_extension_is_cached(tmp_path, texts, base, monkeypatch):
@@ -143,7 +253,7 @@ def test_new_embedding_rows_are_the_mean_of_their_pieces(tmp_path, texts, base, 
     assert (after_in is after_out) == tied
     assert torch.equal(after_in[: len(base)], before_in) and torch.equal(after_out[: len(base)], before_out)
     for i in range(len(base), len(extended)):
-        pieces = base(extended.convert_ids_to_tokens(i), add_special_tokens=False)["input_ids"]
+        pieces = base(extended.decode([i]), add_special_tokens=False)["input_ids"]
         assert len(pieces) > 1
         torch.testing.assert_close(after_in[i], before_in[pieces].mean(0))
         torch.testing.assert_close(after_out[i], before_out[pieces].mean(0))
@@ -196,6 +306,9 @@ def test_prepare_extends_and_reports_tokens_per_byte(tmp_path, texts):
     assert measured["tokenizers"]["extended"] < measured["tokenizers"]["base"]
     assert report["added_tokens"] == added and report["vocab_size"] == len(extended.tokenizer)
     assert "tokens/B   on heldout text: base 0." in format_stats(extended.stats)
+    check = added["check"]
+    assert check["applied"] and check["extended"] < check["base"]
+    assert f"unmined documents {check['base']:.4f} → {check['extended']:.4f}" in format_stats(extended.stats)
 
 
 def test_continued_pretraining_with_an_extended_tokenizer(tmp_path):
