@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -20,6 +21,7 @@ from typing import Any
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
@@ -30,7 +32,7 @@ from legalpt.data.clean import clean_documents
 from legalpt.data.dedup import deduplicate
 from legalpt.data.pack import PackStats, pack_dataset
 from legalpt.data.readers.rows import SkipReport
-from legalpt.data.sources import corpus_fingerprint, count_characters, load_documents
+from legalpt.data.sources import corpus_fingerprint, count_characters, data_sources, find_files, load_documents
 from legalpt.data.tokenizer import compare_tokenizers, extend_tokenizer, get_tokenizer, load_tokenizer
 
 SPLITS = ("train", "heldout")
@@ -46,11 +48,11 @@ class PreparedData:
     heldout: datasets.Dataset
     tokenizer: PreTrainedTokenizerFast
     # skipped: SkipReport; train, heldout: PackStats.to_dict(); seq_len; tokenizer (its name or path); vocab_size;
-    # added_tokens (extend_tokenizer's strings, or None); tokens_per_byte; rows_dir (where the rows are); cached (rows
-    # loaded, not built); seconds (per phase)
+    # added_tokens (extend_tokenizer's choice and check, or None); tokens_per_byte; rows_dir (where the rows are);
+    # cached (rows loaded, not built); seconds (per phase); input_bytes (read); wall_s (the whole prepare)
     stats: dict[str, Any]
-    # `tokenizer` before data.extend_tokenizer added legal tokens (None when it did not): the ids a pretrained
-    # model's embeddings know, from which legalpt.model.extend_embeddings initializes the new rows
+    # `tokenizer` before data.extend_tokenizer added legal tokens (None when it did not, or its check rejected them):
+    # the ids a pretrained model's embeddings know, from which legalpt.model.extend_embeddings initializes the new rows
     base_tokenizer: PreTrainedTokenizerFast | None = None
     # the documents of the train split (id, text, ...), which the run's training-documents manifest records
     train_documents: datasets.Dataset | None = None
@@ -67,6 +69,7 @@ class Corpus:
     dedup: dict[str, Any]  # deduplicate's report
     loaded: int  # documents loaded, before cleaning and dedup
     characters: int  # their characters
+    input_bytes: int  # bytes read to load them (input_bytes)
 
 
 def split_corpus(cfg: DataConfig) -> Corpus:
@@ -76,16 +79,17 @@ def split_corpus(cfg: DataConfig) -> Corpus:
     if documents.num_rows == 0:
         where = f"data.paths {list(cfg.paths)}" + (f" and data.sources {list(cfg.sources)}" if cfg.sources else "")
         raise ValueError(f"{where}: no document could be loaded ({skipped})")
-    loaded, characters = documents.num_rows, count_characters(documents)
+    loaded, characters, read = documents.num_rows, count_characters(documents), input_bytes(cfg, documents)
     documents, cleaning = clean_documents(documents, cfg.clean, cfg.num_proc)
     documents, dedup = deduplicate(documents, cfg.dedup, cfg.num_proc)
     splits = dict(zip(SPLITS, split_documents(documents, cfg.heldout_fraction, cfg.seed), strict=True))
-    return Corpus(documents, splits, skipped, cleaning, dedup, loaded, characters)
+    return Corpus(documents, splits, skipped, cleaning, dedup, loaded, characters, read)
 
 
 def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
     """Load, split, tokenize and pack the documents of `cfg` (its fine-tuning examples for data.format=sft);
     `pretrained` names the model whose tokenizer to use."""
+    start = time.perf_counter()
     _check(cfg, pretrained)
     if cfg.format == "sft":  # fine-tuning examples: rendered, masked and packed whole by legalpt.data.sft
         from legalpt.data.sft import prepare_sft
@@ -130,6 +134,8 @@ def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
         "rows_dir": str(folder),
         "cached": cached,
         "seconds": seconds,
+        "input_bytes": corpus.input_bytes,
+        "wall_s": time.perf_counter() - start,
     }
     write_report(folder / "report.json", stats, corpus.loaded, corpus.characters)
     return PreparedData(
@@ -144,8 +150,8 @@ def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
 
 def write_report(path: Path, stats: dict[str, Any], loaded: int, characters: int) -> dict[str, Any]:
     """The run's report as JSON next to the packed rows: what was read, kept and skipped (by reason), tokens,
-    characters, time and throughput."""
-    skipped, seconds = stats["skipped"], sum(stats["seconds"].values())
+    characters, time and throughput (input bytes read per second of the whole prepare)."""
+    skipped, wall_s = stats["skipped"], stats["wall_s"]
     report = {
         "documents": {
             "read": loaded + skipped.total,
@@ -166,10 +172,22 @@ def write_report(path: Path, stats: dict[str, Any], loaded: int, characters: int
         "tokens_per_byte": stats["tokens_per_byte"],
         "cached": stats["cached"],
         "seconds": stats["seconds"],
-        "mb_per_s": characters / 1e6 / seconds if seconds else None,
+        "input_bytes": stats["input_bytes"],
+        "wall_s": wall_s,
+        "mb_per_s": stats["input_bytes"] / 1e6 / wall_s if wall_s else None,
     }
     path.write_text(json.dumps(report, indent=2))
     return report
+
+
+def input_bytes(cfg: DataConfig, documents: datasets.Dataset) -> int:
+    """Bytes read to load `documents`: the size of every file that data.paths and the file sources name, and the
+    UTF-8 text of the documents that came from no file (hub datasets, the demo corpus)."""
+    files = {path for source in data_sources(cfg).values() if source.paths for path in find_files(source.paths)}
+    columns = documents.with_format("arrow")
+    from_no_file = pc.invert(pc.is_in(columns["source"], value_set=pa.array(sorted(files), pa.string())))
+    text_bytes = pc.sum(pc.filter(pc.binary_length(columns["text"]), from_no_file)).as_py() or 0
+    return sum(os.path.getsize(path) for path in files) + text_bytes
 
 
 def split_documents(
@@ -207,9 +225,7 @@ def format_stats(stats: dict[str, Any]) -> str:
         )
     lines.append(f"tokenizer  {stats['tokenizer'] or 'trained BPE'} ({stats['vocab_size']:,} tokens)")
     if added := stats["added_tokens"]:
-        lines.append(
-            f"           +{len(added['reporters'])} reporter abbreviations, +{len(added['terms'])} legal terms"
-        )
+        lines.append(f"           {_extension(added)}")
     measured = stats["tokens_per_byte"]
     lines.append(
         f"tokens/B   on {measured['text']} text: "
@@ -217,8 +233,20 @@ def format_stats(stats: dict[str, Any]) -> str:
     )
     lines.append(f"rows       {stats['rows_dir']}{' (from cache)' if stats['cached'] else ''}")
     lines.append(f"report     {stats['rows_dir']}/report.json, lengths.png")
-    lines.append("seconds    " + ", ".join(f"{phase} {s:.2f}" for phase, s in stats["seconds"].items()))
+    phases = ", ".join(f"{phase} {s:.2f}" for phase, s in stats["seconds"].items())
+    read = f"{stats['input_bytes'] / 1e6 / stats['wall_s']:.2f} MB/s read" if stats["wall_s"] else "no time"
+    lines.append(f"seconds    {phases}; all {stats['wall_s']:.2f} ({read})")
     return "\n".join(lines)
+
+
+def _extension(added: dict[str, Any]) -> str:
+    """What data.extend_tokenizer found, and whether its check on documents it did not mine let it in."""
+    found = f"{len(added['reporters'])} reporter abbreviations and {len(added['terms'])} word tokens"
+    check = added["check"]
+    if not check["documents"]:
+        return f"not extended: no training document was left out of mining to check {found} on"
+    figures = f"tokens/B on {check['documents']} unmined documents {check['base']:.4f} → {check['extended']:.4f}"
+    return f"+{found}; {figures}" if check["applied"] else f"not extended, {found} do not help: {figures}"
 
 
 def _check(cfg: DataConfig, pretrained: str | None) -> None:

@@ -161,6 +161,8 @@ def test_demo_corpus(tmp_path):
     # Every document arrives whole, as cleaning left it.
     assert sorted(restored) == sorted(clean_text(text, cfg.clean) for text in documents["text"])
     assert data.stats["heldout"]["documents"] == 1
+    # No file was read: the input is the generated text.
+    assert data.stats["input_bytes"] == sum(len(text.encode()) for text in documents["text"])
 
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="the shared sample documents are absent")
@@ -202,5 +204,11 @@ def test_cleaning_and_dedup_run_inside_prepare_and_are_counted(tmp_path):
     docs = saved["documents"]
     assert docs["read"] == 5 and docs["skipped"] == {"empty file": 1}
     assert docs["read"] - sum(docs["skipped"].values()) - docs["emptied_by_cleaning"] - docs["exact_duplicates"] == 2
-    assert docs["kept"] == 2 and saved["characters"] > 0 and saved["mb_per_s"] > 0
+    assert docs["kept"] == 2 and saved["characters"] > 0
     assert (Path(data.stats["rows_dir"]) / "lengths.png").stat().st_size > 1000
+
+    # Throughput is the input read (the files' bytes, markup and all) per second of the whole prepare.
+    assert saved["input_bytes"] == sum(path.stat().st_size for path in folder.iterdir())
+    assert saved["wall_s"] >= sum(saved["seconds"].values())
+    assert saved["mb_per_s"] == pytest.approx(saved["input_bytes"] / 1e6 / saved["wall_s"])
+    assert f"all {saved['wall_s']:.2f} ({saved['mb_per_s']:.2f} MB/s read)" in report
