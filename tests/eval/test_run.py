@@ -10,6 +10,7 @@ import torch
 from legalpt.config import ConfigError, DataConfig, compose, to_config
 from legalpt.data.manifest import MANIFEST
 from legalpt.data.pipeline import prepare, split_corpus
+from legalpt.data.stream import in_heldout
 from legalpt.eval.run import CheckpointError, EvalSet, evaluate, resolve_checkpoint
 from legalpt.model import build_model
 
@@ -304,3 +305,22 @@ def test_a_folder_of_training_documents_alone_is_refused_by_name(trained_on_file
 def test_eval_documents_is_checked(runs):
     with pytest.raises(ConfigError, match=r"eval\.documents"):
         evaluate(compose("eval", overrides(runs, "eval.documents=everything")))
+
+
+def test_a_streamed_run_is_kept_out_by_its_hash_rule(trained_on_files):
+    """A streamed run's manifest holds its hash rule: evaluated on its folder in memory, with every document asked
+    for, exactly the documents its rule held out are scored."""
+    from legalpt.train.trainer import train
+
+    root, texts, _ = trained_on_files
+    run = root / "streamed"
+    rule = ["data.streaming=true", "data.heldout_fraction=0.4", "data.seed=3", "data.stream_heldout_rows=2"]
+    steps = ["train.steps=1", "train.warmup_steps=0", "train.eval_every=1", "train.save_every=1"]
+    train(
+        compose("train", files_overrides(root / "opinions", root / "cache", *rule, *steps, f"train.output_dir={run}"))
+    )
+    report = eval_on(root, root / "opinions", f"eval.checkpoint={run}", "eval.documents=all")
+    held_out = sorted(str(root / "opinions" / name) for name, text in texts.items() if in_heldout(text, 0.4, 3))
+    assert 0 < len(held_out) < len(texts)
+    assert sorted(scored_ids(report)) == held_out
+    assert report["data"]["excluded_training"] == len(texts) - len(held_out)
