@@ -448,7 +448,7 @@ class EvalConfig:
     # any of perplexity | citations | citation_set | choice; choice runs only when choice_data is set
     tasks: list[str] = field(default_factory=lambda: list(EVAL_TASKS))
     batch_size: int = 4  # sequences per forward pass for perplexity and multiple choice
-    max_documents: int = 0  # held-out documents used (perplexity, citation items); 0 = all
+    max_documents: int = 0  # documents scored (perplexity, citation items), in corpus order; 0 = all
     # heldout = the corpus's held-out split; all = every document. Either way the checkpoints' training documents
     # (their run's training_documents.jsonl) are left out and counted
     documents: str = "heldout"
