@@ -11,20 +11,18 @@ Steps run in this order, each switched by a `CleanConfig` field; line endings (C
    they carry meaning (ranges, asides) and eyecite reads them.
 3. line_numbers: pleading-paper numbers are dropped, but only where at least `_MIN_RUN` consecutive lines start with
    1, 2, 3, ... (at most 28), so "28 U.S.C. § 1331" at the start of a line is never taken for one.
-4. page_furniture: form feeds become line breaks; decorated page numbers ("- 3 -", "Page 3 of 17", "-ii-") are
-   dropped; a bare number line is dropped next to a form feed or to a running header or footer (elsewhere it may be
-   a section or footnote number). A line of at least `_MIN_HEADER_CHARS` characters repeated at least
-   `_MIN_REPEATS` times is dropped when most of its copies sit within `_NEAR` lines of a page break (a form feed, a
-   page number, or the document's start or end): that catches running headers such as a case caption or EDGAR's
-   "Source: ..." footer without touching repeated table rows or signature lines. A word hyphenated across a page
-   break is brought back together. Repeated lines in a document without page numbers or form feeds stay.
+4. page_furniture: page numbers, EDGAR's "Source: ..." filing footers and running headers and footers are dropped,
+   without touching signature blocks, list items or a number that is a section, table cell or footnote mark; the text
+   either side is brought back together (`legalpt.data.furniture` owns the rules).
 5. dehyphenate: "agree-\\nment" → "agreement". Only letters before the hyphen and a lower-case word after it are
    joined, so numbers ("§§ 1981-\\n1983") and names ("Smith-\\nJones") never are. The hyphen is kept where the word
    is a compound: the hyphenated form is seen elsewhere in the document and the joined one is not; neither is seen
    and it starts with a prefix that keeps its hyphen ("self-", "non-"); or the hyphen is suspended
    ("pre-\\nand post-closing").
 6. whitespace: runs of spaces and tabs become one space, lines are stripped, runs of blank lines become one blank
-   line, and the document is stripped.
+   line, and the document is stripped. A column gap (two spaces or more, or a tab) before a number stays as it is
+   where "<number> <words>" comes before it: made one space, a table-of-contents row such as "1.77 US  16" would read
+   as the citation 77 U.S. 16.
 """
 
 from __future__ import annotations
@@ -32,21 +30,17 @@ from __future__ import annotations
 import html
 import re
 import unicodedata
-from collections import Counter
 from collections.abc import Mapping
 
 import datasets
 
 from legalpt.config import CleanConfig
+from legalpt.data.furniture import drop_page_furniture
 from legalpt.data.sources import count_characters
 
 _MAX_DECODE_PASSES = 4  # rounds of entity decoding ("&amp;amp;sect;" needs three)
 _MIN_RUN = 5  # consecutive numbered lines before they count as pleading line numbers
 _MAX_PLEADING_LINE = 28  # pleading paper has 28 (sometimes 26) numbered lines a page
-_MIN_REPEATS = 3  # copies of a line before it can be a running header or footer
-_NEAR = 2  # non-blank lines between a running header/footer and its page break
-_MAX_FURNITURE_PASSES = 4  # bound on the passes to a fixed point (one or two in practice)
-_MIN_HEADER_CHARS = 8  # shorter repeated lines are section labels ("A", "II", "Held:"), not running headers
 
 _BLOCK_TAGS = "p|br|div|li|ul|ol|tr|table|h[1-6]|blockquote|pre|hr|center|section|article|footnote|opinion|casebody"
 _INLINE_TAGS = "i|b|u|em|strong|span|a|sup|sub|font|small|big|td|th|tbody|thead|html|body|head|title|img|s|strike|cite"
@@ -64,15 +58,6 @@ _SCRIPTS = re.compile("([\u00b2\u00b3\u00b9\u2070-\u209f]+)")
 _TYPOGRAPHIC = re.compile(f"[{''.join(_TYPOGRAPHY)}]")
 
 _PLEADING = re.compile(r"[^\S\n]*([0-9]{1,2})(?=\s|$)[^\S\n]*")
-_DECORATED_PAGE = re.compile(
-    r"[^\S\n]*(?:page[^\S\n]+[0-9]{1,4}(?:[^\S\n]+of[^\S\n]+[0-9]{1,4})?|[0-9]{1,4}[^\S\n]+of[^\S\n]+[0-9]{1,4}"
-    r"|[-\u2013\u2014][^\S\n]*(?:[0-9]{1,4}|[ivxlc]{1,7})[^\S\n]*[-\u2013\u2014])[^\S\n]*",
-    re.IGNORECASE,
-)
-_BARE_NUMBER = re.compile(r"[^\S\n]*[0-9]{1,4}[^\S\n]*")
-_ENDS_HYPHENATED = re.compile(r"[A-Za-z]-[^\S\n]*$")
-_BREAK = "\f"  # marks a page break inside `_drop_page_furniture`'s line list
-
 # Found by the hyphen and line break (a literal that the regex engine scans for quickly), then the words either side.
 _HYPHEN_BREAK = re.compile(r"(?<=[A-Za-z])-[^\S\n]*\n[^\S\n]*(?=[a-z])")
 _WORD_BEFORE = re.compile(r"[A-Za-z]+$")
@@ -84,7 +69,10 @@ _WORD = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)*")
 _COMPOUND_PREFIXES = frozenset({"self", "quasi", "non", "cross", "well"})
 _SUSPENDED = frozenset({"and", "or", "nor", "to"})
 
-_SPACE_RUN = re.compile(r"  +")
+_SPACE_RUN = re.compile(r"[ \t\v]{2,}+|[\t\v]")
+# "<number> <up to four words>" just before a column gap: with the gap made one space, eyecite might read a citation.
+_CITATION_PRONE = re.compile(r"[0-9][ \t]+(?:(?:[A-Za-z][\w.'&]*|[0-9]+(?:d|th)\.?)[ \t]?){1,4}$")
+_PRONE_LOOKBACK = 60  # characters before a column gap looked at for `_CITATION_PRONE`
 _BLANK_LINES = re.compile(r"\n{3,}")
 
 
@@ -104,7 +92,7 @@ def clean_text(text: str, cfg: CleanConfig) -> str:
     if cfg.line_numbers:
         text = _drop_line_numbers(text)
     if cfg.page_furniture:
-        text = _drop_page_furniture(text)
+        text = drop_page_furniture(text)
     if cfg.dehyphenate:
         text = _dehyphenate(text)
     if cfg.whitespace:
@@ -186,87 +174,6 @@ def _leading_number(line: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _drop_page_furniture(text: str) -> str:
-    # Dropping lines brings others closer to page breaks, so repeat to a fixed point: cleaning stays idempotent.
-    for _ in range(_MAX_FURNITURE_PASSES):
-        dropped = _drop_page_furniture_once(text)
-        if dropped == text:
-            break
-        text = dropped
-    return text
-
-
-def _drop_page_furniture_once(text: str) -> str:
-    # Lines, with page breaks as `_BREAK` entries: form feeds and the page numbers dropped here. A bare number line
-    # away from a form feed is a possible page break: it counts as one for finding running headers and footers, and
-    # goes only if one of them is next to it.
-    pages = text.split("\f")
-    lines: list[str] = [_BREAK]  # the document's start and end are page breaks too
-    possible: list[bool] = [False]
-    for page_index, page in enumerate(pages):
-        if page_index:
-            lines.append(_BREAK)
-            possible.append(False)
-        page_lines = page.split("\n")
-        filled = [i for i, line in enumerate(page_lines) if line.strip()]
-        edges = {filled[0], filled[-1]} if filled and len(pages) > 1 else set()
-        for i, line in enumerate(page_lines):
-            bare = _BARE_NUMBER.fullmatch(line) is not None
-            lines.append(_BREAK if _DECORATED_PAGE.fullmatch(line) or (bare and i in edges) else line)
-            possible.append(bare and i not in edges)
-    lines.append(_BREAK)
-    possible.append(False)
-    blank = [not line.strip() for line in lines]
-    near = _near(blank, [line == _BREAK or soft for line, soft in zip(lines, possible, strict=True)])
-    copies = Counter(line.strip() for line in lines)
-    near_copies = Counter(line.strip() for line, is_near in zip(lines, near, strict=True) if is_near)
-    furniture = {
-        line
-        for line, count in near_copies.items()
-        if len(line) >= _MIN_HEADER_CHARS and count >= _MIN_REPEATS and count * 2 > copies[line] and line != _BREAK
-    }
-    is_furniture = [line == _BREAK or line.strip() in furniture for line in lines]
-    near_furniture = _near(blank, is_furniture)
-    drop = [f or (soft and n) for f, soft, n in zip(is_furniture, possible, near_furniture, strict=True)]
-    return _join_pages(lines, drop)
-
-
-def _near(blank: list[bool], marked: list[bool]) -> list[bool]:
-    """Whether each line is within `_NEAR` non-blank lines of a marked line, looking both ways."""
-    near = [False] * len(blank)
-    for order in (range(len(blank)), range(len(blank) - 1, -1, -1)):
-        distance = _NEAR + 1
-        for i in order:
-            if marked[i]:
-                distance = 0
-            elif not blank[i]:
-                distance += 1
-            near[i] = near[i] or distance <= _NEAR
-    return near
-
-
-def _join_pages(lines: list[str], drop: list[bool]) -> str:
-    """The lines not dropped. Where a word was hyphenated across a page break, the blank lines of the page layout
-    between its halves go too, so that `_dehyphenate` can join it."""
-    kept: list[str] = []
-    after_break = False
-    for line, dropped in zip(lines, drop, strict=True):
-        if dropped:
-            after_break = True
-        elif not line.strip():
-            kept.append(line)
-        else:
-            if after_break:
-                content = len(kept)
-                while content and not kept[content - 1].strip():
-                    content -= 1
-                if content and _ENDS_HYPHENATED.search(kept[content - 1]):
-                    del kept[content:]
-            kept.append(line)
-            after_break = False
-    return "\n".join(kept)
-
-
 def _dehyphenate(text: str) -> str:
     vocabulary: set[str] = set()
 
@@ -290,6 +197,17 @@ def _dehyphenate(text: str) -> str:
 
 def _collapse_whitespace(text: str) -> str:
     # Plain str.replace where it will do: several times faster than a regex that stops at every space.
-    text = _SPACE_RUN.sub(" ", text.replace("\t", " ").replace("\v", " "))
+    text = _SPACE_RUN.sub(_space, text)
     text = text.replace("\n ", "\n").replace(" \n", "\n")
     return _BLANK_LINES.sub("\n\n", text).strip()
+
+
+def _space(match: re.Match) -> str:
+    """One space, but a column gap before a number stays as it is where "<number> <words>" comes before it: eyecite
+    reads "1.77 US 16" as a citation, and "2.3 So.  21" too, where the row had a tab."""
+    text, start, end = match.string, match.start(), match.end()
+    if end < len(text) and text[end].isdigit():
+        line_start = max(text.rfind("\n", 0, start) + 1, start - _PRONE_LOOKBACK)
+        if _CITATION_PRONE.search(text, line_start, start):
+            return match.group()
+    return " "
