@@ -278,8 +278,9 @@ class DataConfig:
     seq_len: int = 512  # tokens per packed row (at least 2)
     tokenizer: str | None = None  # HF folder or hub id; None = model.pretrained's tokenizer, else train a BPE
     vocab_size: int = 8192  # size of the byte-level BPE trained on the corpus (at least 259)
-    extend_tokenizer: bool = False  # add legal tokens (reporter abbreviations, frequent corpus words) to the tokenizer
-    extra_tokens: int = 1024  # most tokens extend_tokenizer adds: reporters first, then words, by tokens saved
+    # add legal tokens (reporter abbreviations, BPE merges of corpus words) when they help unmined documents
+    extend_tokenizer: bool = False
+    extra_tokens: int = 1024  # most tokens extend_tokenizer adds: reporters first, then merges, by tokens saved
     compare_tokenizers: list[str] = field(default_factory=list)  # more HF tokenizers whose tokens/byte the report lists
     bos: bool = False  # start every document with the tokenizer's bos token (its first token then gets a loss too)
     eos: bool = True  # end every document with eos (what the model learns to stop on)
