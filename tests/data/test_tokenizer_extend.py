@@ -15,7 +15,10 @@ from legalpt.data import tokenizer as tokenizer_module
 from legalpt.data.pipeline import format_stats, prepare, split_corpus, split_documents
 from legalpt.data.sources import load_documents
 from legalpt.data.tokenizer import (
+    BOS,
     CHECK_EVERY,
+    EOS,
+    PAD,
     compare_tokenizers,
     extend_tokenizer,
     legal_tokens,
@@ -205,6 +208,40 @@ def test_prepare_reports_an_extension_that_was_not_applied(tmp_path, rng):
         data.stats
     )
     assert figures in format_stats(data.stats)
+
+
+def test_special_tokens_after_the_bpe_vocabulary_keep_their_ids(tmp_path, texts):
+    # A checkpoint's layout (Llama 3's): special tokens as added tokens after the BPE vocabulary, not in it.
+    state = json.loads(train_bpe(texts, 400).backend_tokenizer.to_str())
+    vocab = state["model"]["vocab"]
+    words = sorted((token for token in vocab if token not in (BOS, EOS, PAD)), key=vocab.get)
+    state["model"]["vocab"] = {token: i for i, token in enumerate(words)}
+    for i, token in enumerate(state["added_tokens"]):
+        token["id"] = len(words) + i
+    specials = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+    base = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(state)), **specials)
+    assert base.convert_tokens_to_ids([BOS, EOS, PAD]) == [len(words), len(words) + 1, len(words) + 2]
+
+    extended, added = extend_tokenizer(base, texts, 32, str(tmp_path))
+    assert added["check"]["applied"] and added["reporters"] and added["merges"]
+    extended.save_pretrained(tmp_path / "saved")
+    for tokenizer in (extended, AutoTokenizer.from_pretrained(tmp_path / "saved")):
+        assert tokenizer.get_vocab().items() >= base.get_vocab().items()  # old ids keep their meaning
+        assert sorted(tokenizer.get_vocab().values()) == list(
+            range(len(base) + len(added["reporters"]) + len(added["merges"]))
+        )
+        assert tokenizer.eos_token_id == base.eos_token_id
+        assert tokenizer(texts[0])["input_ids"] == extended(texts[0])["input_ids"]
+
+
+def test_only_bpe_tokenizers_with_a_pre_tokenizer_are_extended(tmp_path, texts):
+    words = Tokenizer(models.WordLevel({"[unk]": 0, "a": 1}, unk_token="[unk]"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    with pytest.raises(ValueError, match=r"data\.extend_tokenizer: expected a BPE tokenizer.*WordLevel"):
+        extend_tokenizer(PreTrainedTokenizerFast(tokenizer_object=words), texts, 8, str(tmp_path))
+    whole = Tokenizer(models.BPE())
+    with pytest.raises(ValueError, match=r"data\.extend_tokenizer: expected a tokenizer with a pre-tokenizer"):
+        extend_tokenizer(PreTrainedTokenizerFast(tokenizer_object=whole), texts, 8, str(tmp_path))
 
 
 def test_extension_is_cached(tmp_path, texts, base, monkeypatch):
