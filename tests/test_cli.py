@@ -1,11 +1,15 @@
-"""The console scripts as a user runs them: help, bad configuration, missing files, prepare, train, eval."""
+"""The console scripts as a user runs them: help, bad configuration, missing files, prepare, train, resume, sweeps,
+eval."""
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from legalpt.config import compose, to_config
 from legalpt.eval.run import evaluate, newest_export
@@ -127,6 +131,85 @@ def test_prepare_train_eval_from_the_command_line(tmp_path):
     result = report["checkpoints"][str(run_dir / "hf")]
     assert result["perplexity"]["by_kind"]["all"]["perplexity"] > 1
     assert (run_dir / "hf" / "eval" / "report.md").is_file()
+
+
+# A tiny run started with model and train overrides: one layer, 4 steps, checkpoints at steps 2 and 4.
+TINY_RUN = ["model=tiny", "model.num_layers=1", "data.synthetic_documents=6", "data.seq_len=128",
+            "data.vocab_size=400", "train.steps=4", "train.eval_every=2", "train.save_every=2", "train.log_every=2",
+            "train.batch_size=2", "logger=none"]  # fmt: skip
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """The tiny run, trained to its end by `legalpt-train`."""
+    root = tmp_path_factory.mktemp("finished")
+    trained = run_cli("train", *TINY_RUN, f"data.cache_dir={root / 'cache'}", f"train.output_dir={root / 'run'}")
+    assert trained.returncode == 0, trained.stderr
+    return root / "run"
+
+
+def test_the_resume_recipe_continues_a_run_started_with_overrides(finished_run, tmp_path):
+    """The README's recipe: the run folder alone (and more steps) restores the one-layer model and its data."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    record = (run_dir / "config.yaml").read_text()
+
+    resumed = run_cli("train", f"train.output_dir={run_dir}", "train.steps=6")
+    assert resumed.returncode == 0, resumed.stderr
+    log = (run_dir / "train.log").read_text()
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_000004'} at step 4" in log
+    sizes = re.findall(r"model: llama, (\S+)M parameters", log)
+    assert len(sizes) == 2 and sizes[0] == sizes[1]  # the resume built the run's model, not the default one
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in m] == [2, 4, 6]
+    assert (run_dir / "config.yaml").read_text() == record
+    assert read_jsonl(run_dir / "resumes.jsonl") == [{"step": 4, "overrides": {"train.steps": 6}}]
+    launched = OmegaConf.load(run_dir / ".hydra" / "config.yaml")  # Hydra's copy: what this launch trained with
+    assert (launched.model.num_layers, launched.train.steps) == (1, 6)
+
+
+@pytest.mark.parametrize(
+    ("override", "keys"),
+    [
+        ("model.num_layers=2", "model.num_layers"),
+        ("model=small", "model.hidden_size, model.intermediate_size, model.max_position_embeddings, model.num_heads, "
+                        "model.num_kv_heads, model.num_layers"),  # where the small preset differs from the run's
+        ("data.vocab_size=500", "data.vocab_size"),
+    ],
+)  # fmt: skip
+def test_a_resume_that_would_change_the_model_or_its_data_stops_with_one_line(finished_run, override, keys):
+    kept = ("config.yaml", ".hydra/config.yaml", ".hydra/overrides.yaml", "train.log", "metrics.jsonl")
+    before = {name: (finished_run / name).read_text() for name in kept}
+    result = run_cli("train", f"train.output_dir={finished_run}", override)
+    assert result.returncode != 0 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"{keys}: cannot change when resuming the run in {finished_run} ("
+    ), result.stderr
+    assert {name: (finished_run / name).read_text() for name in kept} == before
+    assert not (finished_run / "resumes.jsonl").exists()
+
+
+def test_a_sweep_trains_each_job_in_its_own_folder_and_resumes_each_there(tmp_path):
+    sweep = tmp_path / "sweep"
+    common = [*TINY_RUN, f"data.cache_dir={tmp_path / 'cache'}", f"train.output_dir={sweep}", "train.lr=0.001,0.003"]
+    result = run_cli("train", "-m", *common)
+    assert result.returncode == 0, result.stderr
+    for job, lr in enumerate((0.001, 0.003)):
+        run_dir = sweep / str(job)
+        assert OmegaConf.load(run_dir / "config.yaml").train.lr == lr
+        assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in m] == [2, 4]
+        assert (run_dir / "hf" / "config.json").is_file() and "resumed from" not in (run_dir / "train.log").read_text()
+
+    extended = run_cli("train", "-m", *common, "train.steps=6")  # the same sweep, longer: each job goes on
+    assert extended.returncode == 0, extended.stderr
+    for job in (0, 1):
+        run_dir = sweep / str(job)
+        assert read_jsonl(run_dir / "resumes.jsonl") == [{"step": 4, "overrides": {"train.steps": 6}}]
+        assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in m] == [2, 4, 6]
 
 
 def test_eval_without_any_run_says_what_to_do(tmp_path):

@@ -63,6 +63,14 @@ def readable_lines(path: Path) -> list[tuple[str, int]]:
     return readable
 
 
+def logged(run_dir: Path, name: str) -> list[tuple[int, float]]:
+    """(step, value) of every readable line of the run's metrics.jsonl that holds `name`: the run's whole history,
+    across the processes that resumed it."""
+    path = run_dir / "metrics.jsonl"
+    entries = [(step, json.loads(line)) for line, step in readable_lines(path)] if path.is_file() else []
+    return [(step, entry[name]) for step, entry in entries if name in entry]
+
+
 class MetricsLog:
     """Appends one JSON object per logged step to `<run_dir>/metrics.jsonl` and forwards it to the tracker."""
 

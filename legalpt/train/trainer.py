@@ -36,7 +36,8 @@ from legalpt.train.distributed import build_accelerator, in_lockstep, prepare_mo
 from legalpt.train.loss import use_chunked_loss
 from legalpt.train.metrics import ModelFlops, Throughput, device_peak
 from legalpt.train.optim import build_optimizer, build_scheduler
-from legalpt.train.tracking import MetricsLog, start_tracking, tracker_name
+from legalpt.train.run_config import note_start
+from legalpt.train.tracking import MetricsLog, logged, start_tracking, tracker_name
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     log_on_main_process_only(accelerator)
     run_dir = agree_on_run_dir(accelerator, cfg.train.output_dir)
     with file_log(run_dir / "train.log", accelerator.is_main_process):
+        note_start(accelerator, run_dir, cfg)  # the run's config.yaml at its start; a resume is checked and noted
         return run(cfg, accelerator, run_dir)
 
 
@@ -265,7 +267,7 @@ def report_locations(result: TrainResult) -> None:
         f"log:        {result.run_dir / 'train.log'}",
         f"metrics:    {result.run_dir / 'metrics.jsonl'}",
     ]
-    if result.eval_losses:
-        first, last = result.eval_losses[0][1], result.eval_losses[-1][1]
+    if history := logged(result.run_dir, "eval/loss"):  # the run's, from before this process resumed it too
+        first, last = history[0][1], history[-1][1]
         lines.append(f"eval loss:  {first:.4f} → {last:.4f} ({last / first:.2f}× the first)")
     log.info("done\n  %s", "\n  ".join(lines))
