@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -105,15 +107,24 @@ def _exit_on_bad_config() -> Iterator[None]:
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")
 def train_main(cfg: DictConfig) -> None:
+    from legalpt.train.checkpoint import CheckpointError
+    from legalpt.train.interrupt import exit_status
     from legalpt.train.trainer import train
 
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         with _exit_on_bad_config():
             cfg = _sweep_job(cfg)
     try:
-        train(cfg)
+        result = train(cfg)
     except legalpt.config.ConfigError as error:  # a sweep job's values, or a resume that would change its model
         raise SystemExit(str(error)) from None
+    except CheckpointError as error:  # a full disk, an unwritable folder, a damaged checkpoint named by train.resume
+        raise SystemExit(str(error)) from None
+    except KeyboardInterrupt:  # Ctrl-C before training began, or a second one: nothing (more) is saved
+        print("legalpt-train: interrupted, nothing saved since the last checkpoint", file=sys.stderr)
+        raise SystemExit(exit_status(signal.SIGINT)) from None
+    if result.stopped_by:  # a signal stopped it after a checkpoint (legalpt.train.interrupt)
+        raise SystemExit(exit_status(result.stopped_by))
 
 
 def _sweep_job(cfg: DictConfig) -> DictConfig:

@@ -7,6 +7,7 @@ Data → packed rows (legalpt.data) → HF model (legalpt.model) → AdamW + war
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -30,9 +31,17 @@ from legalpt.eval.perplexity import heldout_loss
 from legalpt.model import build_model, count_parameters
 from legalpt.runtime import agree_on_run_dir, export_dir, log_on_main_process_only
 from legalpt.train.activations import apply_activation_checkpointing
-from legalpt.train.checkpoint import export_model, load_checkpoint, load_data_state, resolve_resume, save_checkpoint
+from legalpt.train.checkpoint import (
+    export_model,
+    load_checkpoint,
+    load_data_state,
+    resolve_resume,
+    save_checkpoint,
+    state_bytes,
+)
 from legalpt.train.compile import compile_decoder_layers, report_first_step
 from legalpt.train.distributed import build_accelerator, in_lockstep, prepare_model_and_optimizer
+from legalpt.train.interrupt import StopSignals
 from legalpt.train.loss import use_chunked_loss
 from legalpt.train.metrics import ModelFlops, Throughput, device_peak
 from legalpt.train.optim import build_optimizer, build_scheduler
@@ -51,6 +60,7 @@ class TrainResult:
     checkpoint: Path | None  # the newest resumable checkpoint (None if none was written or resumed from)
     wandb_dir: str | None
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
+    stopped_by: int | None = None  # the signal that stopped the run after saving a checkpoint; None: it finished
 
 
 def make_loader(
@@ -219,40 +229,47 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     meter = Throughput(ModelFlops.of(accelerator.unwrap_model(model)), peak, accelerator)
     batches = meter.counted(batches)  # real tokens and attention pairs, counted on the device
     first_step = step  # with train.compile this process's first step compiles: it gets a window of its own
-    while step < tc.steps:
-        started = time.perf_counter()
-        loss, grad_norm, step_tokens = train_step(model, optimizer, batches, tc, accelerator)
-        lr = scheduler.get_last_lr()[0]  # the rate this step applied; scheduler.step() sets the next step's
-        if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits with the weights
-            scheduler.step()
-        step += 1
-        tokens += step_tokens
-        bar.update()
-        compiled = tc.compile and step == first_step + 1
-        if compiled or step % tc.log_every == 0 or step == tc.steps:
-            values = {
-                **meter.read(),  # first: its host sync closes the timed window after the device's queued work
-                "train/loss": accelerator.reduce(loss, "mean").item(),
-                "train/lr": lr,
-                "train/grad_norm": float(grad_norm),
-                "train/tokens": tokens,  # row slots consumed, padding included: the data position
-            }
-            if compiled:  # the window of this step alone, so that the next ones measure the compiled steady state
-                values["train/compile_s"] = time.perf_counter() - started  # after meter.read()'s host sync
-                report_first_step(step, values["train/compile_s"])
-            metrics.log(step, values)
-            bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{values['train/tokens_per_s']:.0f}")
-        # tokens/s and MFU measure training, not evaluation and saving
-        if step % tc.eval_every == 0 or step == tc.steps:
-            with meter.paused():
-                evaluate()
-        if step % tc.save_every == 0 or step == tc.steps:
-            with meter.paused():
-                data_state = data.train.state_dict() if streaming else None
-                result.checkpoint = save_checkpoint(accelerator, run_dir, step, tokens, tc.keep_checkpoints, data_state)
+    with StopSignals(accelerator) as stop:  # SIGINT, SIGTERM: finish the step, save and stop (legalpt.train.interrupt)
+        while step < tc.steps:
+            started = time.perf_counter()
+            loss, grad_norm, step_tokens = train_step(model, optimizer, batches, tc, accelerator)
+            lr = scheduler.get_last_lr()[0]  # the rate this step applied; scheduler.step() sets the next step's
+            if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits with the weights
+                scheduler.step()
+            step += 1
+            tokens += step_tokens
+            bar.update()
+            compiled = tc.compile and step == first_step + 1
+            if compiled or step % tc.log_every == 0 or step == tc.steps:
+                values = {
+                    **meter.read(),  # first: its host sync closes the timed window after the device's queued work
+                    "train/loss": accelerator.reduce(loss, "mean").item(),
+                    "train/lr": lr,
+                    "train/grad_norm": float(grad_norm),
+                    "train/tokens": tokens,  # row slots consumed, padding included: the data position
+                }
+                if compiled:  # the window of this step alone, so that the next ones measure the compiled steady state
+                    values["train/compile_s"] = time.perf_counter() - started  # after meter.read()'s host sync
+                    report_first_step(step, values["train/compile_s"])
+                metrics.log(step, values)
+                bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{values['train/tokens_per_s']:.0f}")
+            result.stopped_by = stop.requested()  # every rank asks after every step: all stop after the same one
+            # tokens/s and MFU measure training, not evaluation and saving
+            if not result.stopped_by and (step % tc.eval_every == 0 or step == tc.steps):
+                with meter.paused():
+                    evaluate()
+            if result.stopped_by or step % tc.save_every == 0 or step == tc.steps:
+                with meter.paused():
+                    data_state = data.train.state_dict() if streaming else None
+                    size = state_bytes(model, optimizer)  # what a first checkpoint will take
+                    keep = tc.keep_checkpoints
+                    result.checkpoint = save_checkpoint(accelerator, run_dir, step, tokens, keep, data_state, size)
+            if result.stopped_by:
+                break
     bar.close()
 
-    result.export_dir = export_model(accelerator, model, data.tokenizer, run_dir)
+    if not result.stopped_by:  # a stopped run is not finished: its resume exports
+        result.export_dir = export_model(accelerator, model, data.tokenizer, run_dir)
     accelerator.end_training()
     report_locations(result)
     return result
@@ -260,6 +277,10 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
 
 def report_locations(result: TrainResult) -> None:
     """Tell the user where everything went."""
+    if result.stopped_by:
+        name = signal.Signals(result.stopped_by).name
+        log.warning("stopped by %s: checkpoint %s; the same command resumes from it", name, result.checkpoint)
+        return
     lines = [
         f"checkpoint: {result.checkpoint}",
         f"HF export:  {result.export_dir}",
