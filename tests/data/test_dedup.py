@@ -1,9 +1,11 @@
 """deduplicate(): exact and near duplicates among generated legal documents and crafted variants of them, checked
-against true shingle-set Jaccard similarities and a first-occurrence reference; switches, parallelism, bad input."""
+against true shingle-set Jaccard similarities and a first-occurrence reference; documents contained in longer ones
+(an agreement filed again with an exhibit), checked against true containment; switches, parallelism, bad input."""
 
 import dataclasses
 import json
 import random
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -14,6 +16,7 @@ from legalpt.config import DedupConfig
 from legalpt.data.dedup import _best_match, _lsh, deduplicate
 from legalpt.data.demo import generate_documents
 
+SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 MIN_WORDS = 2_000  # long enough that 3 changed words keep the shingle Jaccard near 0.99
 
 
@@ -39,15 +42,22 @@ def edit(text: str, changes: int, rng: random.Random) -> str:
     return " ".join(words)
 
 
-def jaccard(a: str, b: str, k: int = 5) -> float:
-    """True Jaccard similarity of the lowercased k-word shingle sets of two texts."""
+def shingles(text: str, k: int = 5) -> set[tuple[str, ...]]:
+    """The lowercased k-word shingles of a text."""
+    words = text.lower().split()
+    return set(zip(*(words[i:] for i in range(k)), strict=False))
 
-    def shingles(text: str) -> set[tuple[str, ...]]:
-        words = text.lower().split()
-        return set(zip(*(words[i:] for i in range(k)), strict=False))
 
+def jaccard(a: str, b: str) -> float:
+    """True Jaccard similarity of the shingle sets of two texts."""
     sa, sb = shingles(a), shingles(b)
     return len(sa & sb) / len(sa | sb)
+
+
+def containment(a: str, b: str) -> float:
+    """True share of the shingles of `a` found in `b`."""
+    sa = shingles(a)
+    return len(sa & shingles(b)) / len(sa)
 
 
 def dataset(records: list[dict]) -> datasets.Dataset:
@@ -165,6 +175,7 @@ def test_short_documents_only_exact(rng):
         "kept": 4,
         "exact_duplicates": 3,
         "near_duplicates": 0,
+        "containment_duplicates": 0,
         "too_short_for_near": 3,
         "examples": [
             {"kept_id": "a", "removed_id": "b", "kind": "exact", "similarity": 1.0},
@@ -221,7 +232,10 @@ def test_recall_and_precision_on_edited_copies():
         truth[copy["id"]] = (original["id"], jaccard(original["text"], copy["text"]))
     rng.shuffle(copies)
     records = originals + copies
-    kept, report = deduplicate(dataset(records), DedupConfig(threshold=threshold, examples=len(records)))
+    # the near pass alone: a few originals lie within their copy for 90% of their shingles (the copy's edits break up
+    # repeated phrases, so its shingle set is larger), which the containment pass would take
+    cfg = DedupConfig(threshold=threshold, examples=len(records), containment=False)
+    kept, report = deduplicate(dataset(records), cfg)
     removed = {pair["removed_id"]: pair for pair in report["examples"]}
     assert report["near_duplicates"] == len(removed) and report["exact_duplicates"] == 0
     above = [c for c, (_, similarity) in truth.items() if similarity >= threshold]
@@ -237,6 +251,87 @@ def test_recall_and_precision_on_edited_copies():
     for removed_id, pair in removed.items():  # every removal is a true near duplicate of the document kept
         assert jaccard(texts[pair["kept_id"]], texts[removed_id]) >= threshold
         assert abs(pair["similarity"] - jaccard(texts[pair["kept_id"]], texts[removed_id])) < 1e-4
+
+
+def with_exhibit(text: str, exhibit: str) -> str:
+    return f"{text}\n\nEXHIBIT A\n\n{exhibit}"
+
+
+def test_agreement_plus_exhibit_is_containment(originals, rng):
+    """An agreement filed again with a long exhibit: the agreement is removed as contained, in either order, while
+    Jaccard alone keeps both; unrelated documents and two agreements sharing only boilerplate are kept."""
+    agreement, exhibit, other, boilerplate = (o["text"] for o in originals[:4])
+    filed = variant(originals[0], with_exhibit(agreement, exhibit), "with-exhibit")
+    plain = {"id": "agreement", "text": agreement}
+    clauses = " ".join(boilerplate.split()[:600])  # shared governing-law, notice and signature text
+    first = {"id": "first", "text": f"{' '.join(other.split()[:1200])}\n{clauses}"}
+    second = {"id": "second", "text": f"{' '.join(other.split()[1200:2400])}\n{clauses}"}
+    unrelated = [{"id": o["id"], "text": o["text"]} for o in originals[4:6]]
+    assert jaccard(agreement, filed["text"]) < 0.8 and containment(agreement, filed["text"]) == 1.0
+    assert 0.3 < containment(first["text"], second["text"]) < 0.9 and containment(second["text"], first["text"]) < 0.9
+    for order in ([plain, filed], [filed, plain]):
+        records = [*order, first, second, *unrelated]
+        rng.shuffle(records)
+        kept, report = deduplicate(dataset(records), DedupConfig(examples=10))
+        assert kept["id"] == [r["id"] for r in records if r["id"] != "agreement"]
+        assert report["containment_duplicates"] == 1 and report["near_duplicates"] == report["exact_duplicates"] == 0
+        assert report["examples"] == [
+            {"kept_id": filed["id"], "removed_id": "agreement", "kind": "containment", "similarity": 1.0}
+        ]
+        kept, report = deduplicate(dataset(records), DedupConfig(containment=False))
+        assert kept.num_rows == len(records) and report["containment_duplicates"] == 0
+
+
+def test_containment_recall_and_precision():
+    """Generated documents each filed again, with a controlled share of its words changed, followed by an exhibit of
+    its own 0.2 to 8 times as long (words drawn at random from all of them): at least 95% of those lying within their
+    filing for at least the threshold are removed as contained in it, and no document below the threshold (nor any
+    other) is removed."""
+    threshold, rng = 0.9, random.Random(35)  # fixed: the measured recall is reproducible
+    documents = [r for r in generate_documents(200, seed=35) if 300 <= len(r["text"].split()) <= 3000]
+    documents = [{"id": r["id"], "text": r["text"]} for r in documents]
+    inner, words = documents[:60], " ".join(d["text"] for d in documents).split()
+    assert len(inner) == 60
+    records, truth = [], {}
+    for i, document in enumerate(inner):
+        # two thirds at or above the threshold, the rest below it
+        target = rng.uniform(0.9, 0.97) if i % 3 else rng.uniform(0.7, 0.86)
+        length = len(document["text"].split())
+        copy = edit(document["text"], max(1, round(length * (1 - target) / 5)), rng)  # one word changes 5 shingles
+        exhibit = rng.choices(words, k=round(rng.choice([0.2, 0.5, 1, 2, 4, 8]) * length))
+        filed = variant(document, with_exhibit(copy, " ".join(exhibit)), "filed")
+        truth[document["id"]] = (filed["id"], containment(document["text"], filed["text"]))
+        records += [document, filed]
+    rng.shuffle(records)
+    kept, report = deduplicate(dataset(records), DedupConfig(containment_threshold=threshold, examples=len(records)))
+    removed = {pair["removed_id"]: pair for pair in report["examples"]}
+    assert report["containment_duplicates"] == len(removed) and report["near_duplicates"] == 0
+    above = [d for d, (_, share) in truth.items() if share >= threshold]
+    below = [d for d, (_, share) in truth.items() if share < threshold]
+    assert len(above) >= 35 and len(below) >= 15 and min(truth[d][1] for d in above) < 0.92
+    found = [d for d in above if d in removed and removed[d]["kept_id"] == truth[d][0]]
+    print(f"recall {len(found) / len(above):.3f} ({len(found)}/{len(above)})")
+    assert len(found) >= 0.95 * len(above) and not set(below) & set(removed)
+    assert set(removed) <= set(truth) and set(kept["id"]) >= {filed for filed, _ in truth.values()}
+    texts = {r["id"]: r["text"] for r in records}
+    for removed_id, pair in removed.items():
+        assert abs(pair["similarity"] - containment(texts[removed_id], texts[pair["kept_id"]])) < 1e-4
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="the shared sample documents are absent")
+def test_real_contracts_compiled_with_an_exhibit():
+    """Two real contracts filed again as one, the second as an exhibit to the first: both are removed as contained in
+    the compilation; none of the 42 contracts lies within another."""
+    contracts = [{"id": p.name, "text": p.read_text(encoding="utf-8")} for p in (SHARED_DATA / "contracts").glob("*")]
+    a, b = sorted(contracts, key=lambda c: len(c["text"]))[20:22]  # of about the same length: Jaccard ~0.5 each
+    compiled = {"id": "compiled", "text": with_exhibit(a["text"], b["text"])}
+    assert max(jaccard(c["text"], compiled["text"]) for c in (a, b)) < 0.8
+    sets = [shingles(c["text"]) for c in contracts]
+    for i, own in enumerate(sets):
+        assert max(len(own & other) / len(own) for j, other in enumerate(sets) if j != i) < 0.9
+    kept, report = deduplicate(dataset([*contracts, compiled]), DedupConfig(examples=10))
+    assert sorted(set(c["id"] for c in contracts) - set(kept["id"])) == sorted([a["id"], b["id"]])
+    assert report["containment_duplicates"] == 2 and {p["kept_id"] for p in report["examples"]} == {"compiled"}
 
 
 def test_examples_limit_num_proc_and_determinism(corpus):
@@ -261,6 +356,7 @@ def test_empty_dataset():
         "kept": 0,
         "exact_duplicates": 0,
         "near_duplicates": 0,
+        "containment_duplicates": 0,
         "too_short_for_near": 0,
         "examples": [],
     }
@@ -275,6 +371,9 @@ def test_empty_dataset():
         ({"num_perm": 1}, ValueError, "dedup.num_perm"),
         ({"examples": -1}, ValueError, "dedup.examples"),
         ({"near": "yes"}, TypeError, "dedup.near"),
+        ({"containment": 1}, TypeError, "dedup.containment"),
+        ({"containment_threshold": 0}, ValueError, "dedup.containment_threshold"),
+        ({"containment_threshold": 1.01}, ValueError, "dedup.containment_threshold"),
     ],
 )
 def test_bad_config(change, error, match):
