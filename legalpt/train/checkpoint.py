@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object
+from accelerate.utils import broadcast_object_list, gather_object
 
 from legalpt.runtime import export_dir
 
@@ -84,7 +84,9 @@ def checkpoint_problem(path: Path) -> str | None:
     if path.name.endswith(PARTIAL):
         return "the temporary folder of a save that did not finish"
     if not (path / MARKER).is_file():
-        return f"no {MARKER} marker, its save did not finish"
+        # legalpt 0.1.0 wrote the trainer state last, and no marker
+        hint = f" (if legalpt 0.1.0 saved it: `touch {path / MARKER}`)" if (path / STATE_FILE).is_file() else ""
+        return f"no {MARKER} marker, its save did not finish{hint}"
     try:
         read_state(path)
     except CheckpointError as error:
@@ -139,8 +141,8 @@ def save_checkpoint(
 
     Every rank calls this. On a full disk or an unwritable folder every rank raises CheckpointError, with the .partial
     folder removed and the earlier checkpoints untouched."""
-    save = Save.plan(run_dir, step, first_size)
     main = accelerator.is_main_process
+    [save] = broadcast_object_list([Save.plan(run_dir, step, first_size) if main else None])  # rank 0 reads the disk
 
     def write() -> None:
         accelerator.save_state(str(save.partial))

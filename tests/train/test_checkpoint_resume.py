@@ -39,7 +39,8 @@ def test_resume_skips_folders_that_are_not_complete_checkpoints(tmp_path, caplog
     warned = [record.getMessage() for record in caplog.records]
     assert len(warned) == 2 * 4
     assert any(f"skipping {leftover}: the temporary folder of a save that did not finish" in w for w in warned)
-    assert any(f"skipping {unmarked}: no COMPLETE marker" in w for w in warned)
+    assert any(f"skipping {unmarked}: no COMPLETE marker, its save did not finish (if legalpt 0.1.0 saved it: "
+               f"`touch {unmarked / 'COMPLETE'}`)" in w for w in warned)  # fmt: skip
     assert any(f"skipping {truncated}: {truncated / 'trainer_state.json'}: unreadable trainer state" in w
                for w in warned)  # fmt: skip
     assert any(f"skipping {not_an_object}:" in w for w in warned)
