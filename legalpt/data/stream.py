@@ -246,25 +246,6 @@ def document_text(
     return (cleaned, "") if cleaned else (None, "emptied by cleaning")
 
 
-def heldout_records(cfg: DataConfig, limit: int = 0) -> tuple[list[dict], SkipReport]:
-    """The held-out documents `{id, text, kind}` of a streamed corpus by the streaming rule (`in_heldout`), cleaned
-    as training cleans them, in stream order, at most `limit` (0 = all); and what could not become a document.
-
-    What `legalpt-eval` scores for a `data.streaming` run: `pipeline.split_corpus` splits differently, and its
-    held-out documents could have been trained on."""
-    documents, skipped = [], SkipReport()
-    for record in stream_records(cfg):
-        text, reason = document_text(record, "heldout", cfg.clean, cfg.heldout_fraction, cfg.seed)
-        reason = reason or skip_reason(record)  # document_text counts a bad record in the train split only
-        if reason:
-            skipped.add(reason, record.get("id") or "")
-        if text is not None:
-            documents.append({"id": record["id"], "text": text, "kind": record["kind"]})
-            if limit and len(documents) >= limit:
-                break
-    return documents, skipped
-
-
 def _with_states(records: datasets.IterableDataset, start: dict | None) -> Iterator[tuple[dict | None, dict]]:
     """Each record of an iteration over `records`, with the stream's state before it."""
     before = start
