@@ -8,8 +8,8 @@ A run folder (train.output_dir) keeps, next to its checkpoints:
 The run's config is the record with each resume's changes applied. On the command line a start in a folder that holds
 a run continues that config, changed only where its overrides say (`restore`); the trainer then checks what a resume
 changes (`note_start`). A resume may change how the run goes on (train.steps to extend it, train.log_every, logger,
-eval.*), but not the model or the token stream its checkpoints were trained on: a changed model.* setting or data.*
-setting (other than `STREAM_NEUTRAL`) is refused with one line naming the keys. Hydra's `.hydra/` holds the config
+eval.*), but not the model or the token stream its checkpoints were trained on: a changed model.* setting (other than
+`WEIGHT_NEUTRAL`) or data.* setting (other than `STREAM_NEUTRAL`) is refused with one line naming the keys. Hydra's `.hydra/` holds the config
 each launch ran with, rewritten by every launch; config.yaml is the run's own and a resume never rewrites it.
 """
 
@@ -38,6 +38,9 @@ RESUMES = "resumes.jsonl"
 # tokenizers the data report compares. Every other data.* setting shapes the token stream the checkpoints were
 # trained on, and every model.* setting the model they hold.
 STREAM_NEUTRAL = frozenset({"data.cache_dir", "data.output_dir", "data.num_proc", "data.compare_tokenizers"})
+# The model settings a resume may change: how attention is computed (kernels, sdpa, eager), not the weights; switching
+# is how one checks a run against another attention implementation.
+WEIGHT_NEUTRAL = frozenset({"model.attention_backend", "model.attn_implementation"})
 FOLDER_KEY = "train.output_dir"  # names the folder itself, which a resume may spell another way
 _UNSET = object()
 
@@ -129,7 +132,9 @@ def note_start(accelerator: Accelerator, run_dir: Path, config: Config) -> None:
 
 def _fixed_on_resume(key: str) -> bool:
     """A setting of the model or of the token stream: what the checkpoints were trained with."""
-    return key.startswith("model.") or (key.startswith("data.") and key not in STREAM_NEUTRAL)
+    if key.startswith("model."):
+        return key not in WEIGHT_NEUTRAL
+    return key.startswith("data.") and key not in STREAM_NEUTRAL
 
 
 def _write_record(run_dir: Path, config: Config) -> None:

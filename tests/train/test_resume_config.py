@@ -39,6 +39,16 @@ def test_a_resume_applies_and_notes_its_changes_and_leaves_the_record_untouched(
     assert logged_steps == [2, 4, 5, 6]  # every 2 steps before the resume, every step after it
 
 
+def test_a_resume_may_switch_how_attention_is_computed(tmp_path, train_until_first_checkpoint):
+    run_dir = tmp_path / "run"
+    train_until_first_checkpoint(compose("train", tiny_overrides(tmp_path, "model.attention_backend=auto")))
+
+    trainer.train(compose("train", tiny_overrides(tmp_path, "model.attention_backend=reference")))
+    changes = {"model.attention_backend": "reference"}
+    assert read_jsonl(run_dir / "resumes.jsonl") == [{"step": 3, "overrides": changes}]
+    assert OmegaConf.load(run_dir / "config.yaml").model.attention_backend == "auto"
+
+
 def test_the_summary_compares_with_the_runs_first_eval_loss_after_a_resume(tmp_path, train_until_first_checkpoint):
     run_dir = tmp_path / "run"
     train_until_first_checkpoint(compose("train", tiny_overrides(tmp_path)))
