@@ -189,6 +189,10 @@ from legalpt.cli import train_main
 
 prepare = trainer.prepare_model_and_optimizer
 
+def say(line):  # one write per line: print's separate newline write lets the ranks' lines interleave
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
 def report_units(accelerator, model, optimizer, tc):
     model, optimizer = prepare(accelerator, model, optimizer, tc)
     units = [name for name, module in model.named_modules() if isinstance(module, FSDPModule)]
@@ -196,11 +200,11 @@ def report_units(accelerator, model, optimizer, tc):
                                                                      for p in g["params"]})
 
     def report_compute(layer, args, output):  # the first decoder layer's output dtype, once
-        print("FSDP_COMPUTE " + str(output[0].dtype if isinstance(output, tuple) else output.dtype), flush=True)
+        say("FSDP_COMPUTE " + str(output[0].dtype if isinstance(output, tuple) else output.dtype))
         handle.remove()
 
     handle = model.model.layers[0].register_forward_hook(report_compute)
-    print("FSDP_UNITS " + json.dumps({"rank": accelerator.process_index, "units": units, "dtypes": dtypes}), flush=True)
+    say("FSDP_UNITS " + json.dumps({"rank": accelerator.process_index, "units": units, "dtypes": dtypes}))
     return model, optimizer
 
 trainer.prepare_model_and_optimizer = report_units
