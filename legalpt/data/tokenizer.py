@@ -162,9 +162,11 @@ def legal_tokens(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], budge
     least two documents."""
     backend = tokenizer.backend_tokenizer
     reporters = _choose_reporters(backend, texts, budget)
+    taken = _added_pattern(reporters)
     counts, documents = Counter(), Counter()
     for text in texts:
-        found = Counter(_words(backend, text))
+        # Where an abbreviation is one token, its words are not there to merge.
+        found = Counter(_words(backend, taken.sub(_blank, text) if taken else text))
         counts.update(found)
         documents.update(found.keys())
     words = sorted(word for word in counts if documents[word] >= _MIN_DOCUMENTS)
@@ -271,8 +273,7 @@ def _merge(word: list[str], pair: tuple[str, str], merged: str) -> list[str]:
 def _words(backend: Tokenizer, text: str) -> Iterator[str]:
     """The pieces of `text` that the pre-tokenizer of `backend` makes of its words (letters only, one case pattern:
     lower, Title or UPPER), leaving out the chunks of e-mails, URLs, paths, numbers and ids."""
-    # Blanked to spaces of the same length: the words around a blanked chunk keep their leading-space form.
-    text = _JUNK_CHUNK.sub(lambda match: " " * len(match.group()), text)
+    text = _JUNK_CHUNK.sub(_blank, text)
     if backend.normalizer is not None:
         text = backend.normalizer.normalize_str(text)
     for piece, (start, end) in backend.pre_tokenizer.pre_tokenize_str(text):
@@ -330,12 +331,22 @@ def _count_tokens(backend: Tokenizer, texts: Sequence[str], added: Sequence[str]
     """Tokens of `texts` under `backend` with the strings `added` as added tokens, matched as the tokenizers library
     matches them: in the raw text, leftmost and longest first, one token each, the text between encoded on its own."""
     pieces, matches = list(texts), 0
-    if added:
-        pattern = re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True))))
+    if pattern := _added_pattern(added):
         split = [pattern.split(text) for text in texts]
         matches = sum(len(parts) - 1 for parts in split)
         pieces = [part for parts in split for part in parts if part]
     return matches + sum(len(encoding.ids) for encoding in _plain(backend).encode_batch_fast(pieces, False))
+
+
+def _added_pattern(added: Sequence[str]) -> re.Pattern | None:
+    """A pattern that finds the strings `added` as the tokenizers library finds added tokens: leftmost, and the
+    longest of those starting there (an alternation tries its branches in order); None for no strings."""
+    return re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True)))) if added else None
+
+
+def _blank(match: re.Match) -> str:
+    """Spaces as long as the match: the words around a blanked stretch keep their leading-space form."""
+    return " " * len(match.group())
 
 
 def _plain(backend: Tokenizer) -> Tokenizer:

@@ -69,12 +69,14 @@ def test_reporter_abbreviations_become_one_token_and_text_round_trips(tmp_path, 
     assert len(ids) < len(base(citation, add_special_tokens=False)["input_ids"])
 
     # An abbreviation's id decodes to its text and that text encodes back to the id; every merge's token is used on
-    # the corpus; whole texts stay lossless.
+    # the corpus, or joined into a longer one by a later merge; whole texts stay lossless.
     for reporter in added["reporters"]:
         i = extended.convert_tokens_to_ids(reporter)
         assert i >= len(base) and extended(extended.decode([i]), add_special_tokens=False)["input_ids"] == [i]
     used = {i for ids in extended(texts, add_special_tokens=False)["input_ids"] for i in ids}
-    assert set(range(len(base), len(extended))) <= used
+    for k, (left, right, _) in enumerate(added["merges"]):
+        later = {piece for merge in added["merges"][k + 1 :] for piece in merge[:2]}
+        assert extended.convert_tokens_to_ids(left + right) in used or left + right in later
     for text in [*texts[:3], citation, "Unseen: ½ ∑ 漢字 🙂 \t\n F.3d at the start U.S.C. §"]:
         assert extended.decode(extended(text, add_special_tokens=False)["input_ids"]) == text
 
@@ -114,12 +116,12 @@ def test_merges_are_the_pairs_that_save_the_most_tokens_on_the_text(rng):
 def test_extension_never_lengthens_an_encoding(tmp_path, rng):
     # The base knows the long words; the corpus mines their stems. A stem made one token wherever its text occurs
     # would split " advertisements" (one token) into " advertise" + "ments".
-    general = [" ".join(rng.choices(["advertisements", "trademarks", "sublicensees", "the", "and"], k=300))] * 3
+    general = ["advertisements trademarks, sublicensees; the and " * 100] * 3
     base = train_bpe(general, 600)
     assert len(base(" advertisements")["input_ids"]) == 1 < len(base(" advertise")["input_ids"])
     stems = ["advertise", "licensee", "indemnify", "trademark", "the", "and", "of"]
     mining = [" ".join(rng.choices(stems, k=200)) + "\n(Licensee) Advertise, licensee@advertise.com" for _ in range(6)]
-    extended, added = extend_tokenizer(base, mining, 16, str(tmp_path))
+    extended, added = extend_tokenizer(base, mining, 40, str(tmp_path))
     assert {" advertise", " trademark"} <= set(added["terms"])
     unseen = [
         "the advertisements and trademarks, " * 5,
