@@ -29,6 +29,7 @@ from legalpt.data.tokenizer import (
 from legalpt.model import build_model, extend_embeddings
 from legalpt.train.trainer import train
 
+CONTRACTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "contracts"
 REPORTERS = ["F.3d", "F. Supp. 2d", "U.S.", "S. Ct."]
 # Overrides of the tiny model preset: these tests look only at embedding rows, which one narrow layer holds
 SMALL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "attn_implementation": "eager"}
@@ -362,3 +363,17 @@ def test_continued_pretraining_with_an_extended_tokenizer(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(continued.export_dir)
     assert len(base) < len(tokenizer) <= len(base) + 24
     assert model.config.vocab_size == model.get_input_embeddings().num_embeddings == len(tokenizer)
+
+
+@pytest.mark.skipif(not CONTRACTS.is_dir(), reason="the shared sample contracts are absent")
+def test_extension_lowers_tokens_per_byte_of_unseen_contracts(tmp_path):
+    texts = [path.read_text() for path in sorted(CONTRACTS.glob("*.txt"))]
+    mined, unseen = texts[:30], texts[30:]
+    base = train_bpe(mined, 8192)  # legalpt's defaults: data.vocab_size and data.extra_tokens
+    extended, added = extend_tokenizer(base, mined, 1024, str(tmp_path))
+    assert added["check"]["applied"] and len(extended) == len(base) + len(added["reporters"]) + len(added["merges"])
+    assert tokens_per_byte(extended, unseen) < tokens_per_byte(base, unseen)
+    for text in unseen:
+        assert len(extended(text)["input_ids"]) <= len(base(text)["input_ids"])
+    for term in added["terms"]:  # no e-mail, URL, path, number or id fragments: letters, with their leading space
+        assert re.fullmatch(r" ?[^\W\d_]+", term), term
