@@ -190,7 +190,7 @@ from legalpt.cli import train_main
 prepare = trainer.prepare_model_and_optimizer
 
 def say(line):  # one write per line: print's separate newline write lets the ranks' lines interleave
-    sys.stdout.write(line + "\n")
+    sys.stdout.write(line + "\\n")
     sys.stdout.flush()
 
 def report_units(accelerator, model, optimizer, tc):
@@ -203,7 +203,8 @@ def report_units(accelerator, model, optimizer, tc):
         say("FSDP_COMPUTE " + str(output[0].dtype if isinstance(output, tuple) else output.dtype))
         handle.remove()
 
-    handle = model.model.layers[0].register_forward_hook(report_compute)
+    # unwrapped and through get_decoder: the same layer under DDP, FSDP2 and peft's LoRA wrapper
+    handle = accelerator.unwrap_model(model).get_decoder().layers[0].register_forward_hook(report_compute)
     say("FSDP_UNITS " + json.dumps({"rank": accelerator.process_index, "units": units, "dtypes": dtypes}))
     return model, optimizer
 
