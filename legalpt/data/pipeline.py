@@ -160,6 +160,7 @@ def write_report(path: Path, stats: dict[str, Any], loaded: int, characters: int
             "emptied_by_cleaning": stats["clean"].get("emptied", 0),
             "exact_duplicates": stats["dedup"]["exact_duplicates"],
             "near_duplicates": stats["dedup"]["near_duplicates"],
+            "containment_duplicates": stats["dedup"]["containment_duplicates"],
             "kept": stats["train"]["documents"] + stats["heldout"]["documents"],
         },
         "duplicate_examples": stats["dedup"]["examples"],
@@ -212,7 +213,8 @@ def format_stats(stats: dict[str, Any]) -> str:
     if clean.get("characters_in"):
         lines.append(f"cleaning   {clean['characters_in']:,} → {clean['characters_out']:,} characters")
     lines.append(
-        f"dedup      {dedup['exact_duplicates']:,} exact and {dedup['near_duplicates']:,} near duplicates removed"
+        f"dedup      {dedup['exact_duplicates']:,} exact, {dedup['near_duplicates']:,} near and "
+        f"{dedup['containment_duplicates']:,} contained duplicates removed"
     )
     lines += [
         f"           {p['removed_id']} duplicates {p['kept_id']} ({p['kind']}, similarity {p['similarity']:.2f})"

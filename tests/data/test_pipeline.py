@@ -197,13 +197,14 @@ def test_cleaning_and_dedup_run_inside_prepare_and_are_counted(tmp_path):
     text = data.tokenizer.decode(data.train[0]["input_ids"] + data.heldout[0]["input_ids"])
     assert "<p>" not in text
     report = format_stats(data.stats)
-    assert "dedup      1 exact" in report and "(exact, similarity 1.00)" in report
+    assert "dedup      1 exact, 0 near and 0 contained" in report and "(exact, similarity 1.00)" in report
 
     # Every prepare run leaves its report and a length histogram next to the rows; every document is accounted for.
     saved = json.loads((Path(data.stats["rows_dir"]) / "report.json").read_text())
     docs = saved["documents"]
     assert docs["read"] == 5 and docs["skipped"] == {"empty file": 1}
-    assert docs["read"] - sum(docs["skipped"].values()) - docs["emptied_by_cleaning"] - docs["exact_duplicates"] == 2
+    removed = docs["exact_duplicates"] + docs["near_duplicates"] + docs["containment_duplicates"]
+    assert docs["read"] - sum(docs["skipped"].values()) - docs["emptied_by_cleaning"] - removed == 2
     assert docs["kept"] == 2 and saved["characters"] > 0
     assert (Path(data.stats["rows_dir"]) / "lengths.png").stat().st_size > 1000
 
@@ -212,3 +213,23 @@ def test_cleaning_and_dedup_run_inside_prepare_and_are_counted(tmp_path):
     assert saved["wall_s"] >= sum(saved["seconds"].values())
     assert saved["mb_per_s"] == pytest.approx(saved["input_bytes"] / 1e6 / saved["wall_s"])
     assert f"all {saved['wall_s']:.2f} ({saved['mb_per_s']:.2f} MB/s read)" in report
+
+
+def test_a_document_contained_in_another_is_removed_and_counted(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    rng = random.Random(0)
+    words = [f"term{i}" for i in range(400)]
+    agreement = " ".join(rng.choice(words) for _ in range(1500))
+    exhibit = " ".join(rng.choice(words) for _ in range(1500))
+    (folder / "agreement.txt").write_text(agreement)
+    (folder / "filing.txt").write_text(f"{agreement}\n\nEXHIBIT A\n\n{exhibit}")  # the agreement plus an exhibit
+    (folder / "other.txt").write_text(" ".join(rng.choice(words) for _ in range(1500)))
+    cfg = DataConfig(paths=[str(folder)], vocab_size=300, seq_len=64, cache_dir=str(tmp_path / "cache"))
+    data = prepare(cfg)
+    docs = json.loads((Path(data.stats["rows_dir"]) / "report.json").read_text())["documents"]
+    assert docs["containment_duplicates"] == 1 and docs["exact_duplicates"] + docs["near_duplicates"] == 0
+    assert docs["read"] - docs["containment_duplicates"] == docs["kept"] == 2
+    summary = format_stats(data.stats)
+    assert "0 near and 1 contained duplicates removed" in summary
+    assert f"{folder / 'agreement.txt'} duplicates {folder / 'filing.txt'} (containment, similarity 1.00)" in summary
