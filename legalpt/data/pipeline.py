@@ -15,6 +15,8 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -113,9 +115,9 @@ def prepare(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
     tokens_per_byte = _tokens_per_byte(base, tokenizer, others, documents_by_split)
     seconds["tokenizer"] = time.perf_counter() - clock
 
-    key = _cache_key(documents, tokenizer, cfg)
+    key = cache_key(documents, tokenizer, cfg)
     folder = Path(cfg.output_dir or Path(cfg.cache_dir) / "packed" / key).expanduser()
-    cached = _holds(folder, key)
+    cached = holds_rows(folder, key)
     if not cached:
         _build(folder, key, documents_by_split, tokenizer, cfg, seconds)
     rows = {split: datasets.load_from_disk(str(folder / split)) for split in SPLITS}
@@ -263,13 +265,13 @@ def _check(cfg: DataConfig, pretrained: str | None) -> None:
     cfg.validate("data", trains_bpe=not pretrained)
     if cfg.output_dir:
         folder = Path(cfg.output_dir).expanduser()
-        if folder.exists() and not (_holds(folder) or _is_empty_dir(folder)):
+        if folder.exists() and not (holds_rows(folder) or _is_empty_dir(folder)):
             raise ValueError(f"data.output_dir: {str(folder)!r} exists and is not a legalpt-prepare output; "
                              "expected a new or empty folder, or one an earlier prepare wrote")  # fmt: skip
 
 
-def _holds(folder: Path, key: str | None = None) -> bool:
-    """Whether `folder` holds packed rows written by `_build` (with this cache key, when one is given)."""
+def holds_rows(folder: Path, key: str | None = None) -> bool:
+    """Whether `folder` holds packed rows written by `_build` or `sft` (with this cache key, when one is given)."""
     try:
         saved = json.loads((folder / "stats.json").read_text())
     except (OSError, ValueError):
@@ -294,7 +296,8 @@ def _tokens_per_byte(
     return {"text": text, "tokenizers": compare_tokenizers(named, documents_by_split[text])}
 
 
-def _cache_key(documents: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, cfg: DataConfig) -> str:
+def cache_key(documents: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, cfg: DataConfig) -> str:
+    """The identity of packed rows: the documents, the settings that shape rows, the tokenizer and the code."""
     digest = hashlib.sha256()
     digest.update(json.dumps([corpus_fingerprint(documents), cfg.seq_len, cfg.seed, cfg.heldout_fraction]).encode())
     digest.update(json.dumps([cfg.bos, cfg.eos, cfg.chunk_overlap]).encode())
@@ -315,17 +318,13 @@ def _build(
 ) -> None:
     """Tokenize and pack both splits into `folder`, built aside and renamed into place so it is never half written;
     what `folder` held before (rows of other settings, in a data.output_dir) is replaced."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f"{folder.name}.partial-") as tmp:
-        work, out = Path(tmp) / "work", Path(tmp) / "out"
-        work.mkdir()
+    with publishing(folder, key) as (work, out):
         clock = time.perf_counter()
         tokenized = {
             split: _tokenize(docs, tokenizer, cfg.num_proc, work / f"{split}-tokens.arrow", f"{key}-{split}")
             for split, docs in documents_by_split.items()
         }
         seconds["tokenize"] = time.perf_counter() - clock
-        out.mkdir()
         plot_lengths({split: _lengths(ids) for split, ids in tokenized.items()}, cfg.seq_len, out / "lengths.png")
 
         clock = time.perf_counter()
@@ -346,7 +345,20 @@ def _build(
             json.dumps({"key": key, **{split: asdict(s) for split, s in pack_stats.items()}})
         )
         seconds["pack"] = time.perf_counter() - clock
-        if folder.exists() and not _holds(folder, key):
+
+
+@contextmanager
+def publishing(folder: Path, key: str) -> Iterator[tuple[Path, Path]]:
+    """(work, out): a scratch folder and the folder to fill, both beside `folder`. When the block ends without an
+    error, `out` becomes `folder` by one rename, so a reader never sees it half written; what `folder` held before
+    (rows of other settings, in a data.output_dir) is replaced, and an error leaves it as it was."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f"{folder.name}.partial-") as tmp:
+        work, out = Path(tmp) / "work", Path(tmp) / "out"
+        work.mkdir()
+        out.mkdir()
+        yield work, out
+        if folder.exists() and not holds_rows(folder, key):
             folder.rename(Path(tmp) / "replaced")  # removed with the temporary folder
         try:
             out.rename(folder)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -43,8 +42,8 @@ from transformers import PreTrainedTokenizerFast
 
 from legalpt.config import DataConfig, SFTConfig
 from legalpt.data.pack import pack_example_dataset
-from legalpt.data.pipeline import SPLITS, PreparedData, _holds, split_documents
-from legalpt.data.pipeline import _cache_key as documents_cache_key
+from legalpt.data.pipeline import SPLITS, PreparedData, holds_rows, publishing, split_documents
+from legalpt.data.pipeline import cache_key as documents_cache_key
 from legalpt.data.readers.rows import SkipReport
 from legalpt.data.sources import find_files, open_source
 from legalpt.data.tokenizer import get_tokenizer
@@ -103,7 +102,7 @@ def prepare_sft(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
 
     key = _cache_key(chats, tokenizer, template, cfg)
     folder = Path(cfg.output_dir or Path(cfg.cache_dir) / "packed" / key).expanduser()
-    cached = _holds(folder, key)
+    cached = holds_rows(folder, key)
     if not cached:
         _build(folder, key, splits, tokenizer, template, cfg, seconds)
     saved = json.loads((folder / "stats.json").read_text())
@@ -395,11 +394,7 @@ def _build(
 ) -> None:
     """Encode and pack both splits into `folder`, built aside and renamed into place so it is never half written;
     stats.json keeps each split's stats and the skips of encoding."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f"{folder.name}.partial-") as tmp:
-        work, out = Path(tmp) / "work", Path(tmp) / "out"
-        work.mkdir()
-        out.mkdir()
+    with publishing(folder, key) as (work, out):
         saved: dict[str, Any] = {"key": key, "skipped": {}}
         seconds["tokenize"] = seconds["pack"] = 0.0
         for split, chats in splits.items():
@@ -422,13 +417,6 @@ def _build(
             saved[split] = {**stats.to_dict(), "target_tokens": targets or 0}
             seconds["pack"] += time.perf_counter() - clock
         (out / "stats.json").write_text(json.dumps(saved))
-        if folder.exists() and not _holds(folder, key):
-            folder.rename(Path(tmp) / "replaced")  # removed with the temporary folder
-        try:
-            out.rename(folder)
-        except OSError:
-            if not folder.exists():
-                raise  # else another process published the same rows first, and those serve as well
 
 
 def _encode(
