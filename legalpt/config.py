@@ -354,6 +354,10 @@ class TrainConfig:
     mixed_precision: str = "auto"  # auto (bf16 where the GPU supports it) | bf16 | fp16 | no
     eval_every: int = 20  # steps between held-out evaluations (also at step 0 and at the end)
     eval_batches: int = 8  # held-out micro-batches per evaluation; 0 = the whole held-out split
+    # live evaluation on held-out documents (legalpt.train.live_eval), with legalpt-eval's eval.* settings:
+    eval_citations: int = 0  # citation items continued greedily and scored at each one; 0 = no citation metrics
+    eval_documents: int = 0  # held-out documents scored whole for eval/bits_per_byte at each one; 0 = none
+    eval_documents_every: int = 0  # steps between them (also at step 0 and at the end); 0 = train.eval_every
     save_every: int = 50  # steps between resumable checkpoints (also at the end)
     keep_checkpoints: int = 2  # newest resumable checkpoints kept on disk
     resume: str = "auto"  # auto (latest checkpoint in output_dir, if any) | none | path to a checkpoint folder
@@ -381,7 +385,8 @@ class TrainConfig:
         _expect(bool(self.output_dir), f"{key}.output_dir", "a folder", self.output_dir)
         _at_least(1, self, key, "steps", "batch_size", "grad_accum", "eval_every", "save_every", "log_every",
                   "keep_checkpoints")  # fmt: skip
-        _at_least(0, self, key, "warmup_steps", "eval_batches")
+        _at_least(0, self, key, "warmup_steps", "eval_batches", "eval_citations", "eval_documents",
+                  "eval_documents_every")  # fmt: skip
         _positive(f"{key}.lr", self.lr)
         _expect(0 <= self.min_lr_ratio <= 1, f"{key}.min_lr_ratio", "a number in [0, 1]", self.min_lr_ratio)
         _expect(self.weight_decay >= 0, f"{key}.weight_decay", "a number >= 0", self.weight_decay)
@@ -507,6 +512,18 @@ class Config:
         _one_of("logger", self.logger, LOGGERS)
         self.model.validate("model")
         self._validate_context()
+        if self.train.eval_citations or self.train.eval_documents:
+            self._validate_live_eval()
+
+    def _validate_live_eval(self) -> None:
+        """The live evaluation reads held-out documents, and each rank runs its share of them on its own."""
+        on = "with train.eval_citations or train.eval_documents > 0"
+        _expect(self.data.format == "text", "data.format", f"text {on} (documents to cite from)", self.data.format)
+        _expect(self.train.distributed == "ddp", "train.distributed", f"ddp {on} (an fsdp2 forward needs every rank "
+                "in step, which generation on each rank's share does not keep)", self.train.distributed)  # fmt: skip
+        if self.data.streaming:  # the held-out documents are read from the stream up to eval.max_documents
+            _expect(self.eval.max_documents > 0, "eval.max_documents", f"an integer >= 1 with data.streaming {on}",
+                    self.eval.max_documents)  # fmt: skip
 
     def _validate_context(self) -> None:
         """data.seq_len fits the positions the model covers (a checkpoint's are read from its config.json)."""

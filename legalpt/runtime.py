@@ -46,6 +46,12 @@ def agree_on_run_dir(accelerator: Accelerator, output_dir: str) -> Path:
     return run_dir
 
 
+def on_local_main_process() -> bool:
+    """Whether this process is its machine's first (LOCAL_RANK unset or 0, as launchers set it): the one that shows
+    progress bars, without an Accelerator at hand."""
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+
 def log_on_main_process_only(accelerator: Accelerator) -> None:
     """legalpt's info messages from rank 0 alone; warnings and errors from every rank."""
     if not accelerator.is_main_process:

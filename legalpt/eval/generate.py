@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from legalpt.config import GenerationConfig
+from legalpt.runtime import on_local_main_process
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ def generate_with_stats(
     new: list[list[int]] = [[] for _ in prompts]
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     produced, loop_start = 0, time.perf_counter()
-    with _seeded(seed, model.device), _eval_mode(model), tqdm(total=len(prompts), desc=desc, unit="prompt") as bar:
+    progress = tqdm(total=len(prompts), desc=desc, unit="prompt", disable=not on_local_main_process())
+    with _seeded(seed, model.device), _eval_mode(model), progress as bar:
         for first in range(0, len(order), cfg.batch_size):
             batch = order[first : first + cfg.batch_size]
             for i, row in zip(batch, _generate_batch(model, [ids[i] for i in batch], options), strict=True):

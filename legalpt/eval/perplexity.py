@@ -8,7 +8,6 @@ the batched log-likelihood that both it and multiple choice use.
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
@@ -20,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from legalpt.data.pack import IGNORE_INDEX
 from legalpt.eval.stats import bootstrap_ci
+from legalpt.runtime import on_local_main_process
 
 
 @torch.no_grad()
@@ -38,7 +38,7 @@ def heldout_loss(
     0, as launchers set it), like the training loop's.
     """
     if progress is None:
-        progress = int(os.environ.get("LOCAL_RANK", "0")) == 0
+        progress = on_local_main_process()
     try:
         length = len(batches)  # type: ignore[arg-type]
     except TypeError:  # a generator, or a loader over a stream, does not know its length
@@ -225,7 +225,7 @@ def _score_windows(
     was_training = model.training
     model.eval()
     ordered = sorted(windows, key=lambda window: lengths[window[0]], reverse=True)  # stable: windows stay in order
-    with tqdm(total=len(lengths), desc="perplexity", unit="doc") as bar:
+    with tqdm(total=len(lengths), desc="perplexity", unit="doc", disable=not on_local_main_process()) as bar:
         for start in range(0, len(ordered), batch_size):
             batch = ordered[start : start + batch_size]
             logprobs = scored_logprobs(model, [(ids, first) for _, ids, first in batch], pad_id)

@@ -42,6 +42,7 @@ from legalpt.train.checkpoint import (
 from legalpt.train.compile import compile_decoder_layers, report_first_step
 from legalpt.train.distributed import build_accelerator, in_lockstep, prepare_model_and_optimizer
 from legalpt.train.interrupt import StopSignals
+from legalpt.train.live_eval import LiveEval
 from legalpt.train.loss import use_chunked_loss
 from legalpt.train.metrics import ModelFlops, Throughput, device_peak
 from legalpt.train.optim import build_optimizer, build_scheduler
@@ -218,12 +219,20 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
         result.eval_losses.append((step, report["loss"]))
         log.info("step %d: eval loss %.4f, perplexity %.2f", step, report["loss"], report["perplexity"])
 
+    # citation completion and bits per byte on held-out documents (train.eval_citations, train.eval_documents)
+    live = LiveEval.start(cfg, data.tokenizer, accelerator, run_dir)
+
+    def evaluate_documents() -> None:
+        metrics.log(step, live.evaluate(accelerator.unwrap_model(model), accelerator))
+
     if streaming:
         batches = stream_batches(data.train, tc.batch_size, accelerator.device)
     else:
         batches = micro_batches(data.train, tc, accelerator, skip=step * tc.grad_accum)
     if step == 0:
         evaluate()
+        if live is not None:
+            evaluate_documents()
     bar = tqdm(total=tc.steps, initial=step, desc="train", disable=not accelerator.is_local_main_process)
     peak = device_peak(accelerator.device, tc.peak_tflops)
     meter = Throughput(ModelFlops.of(accelerator.unwrap_model(model)), peak, accelerator)
@@ -258,6 +267,9 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
             if not result.stopped_by and (step % tc.eval_every == 0 or step == tc.steps):
                 with meter.paused():
                     evaluate()
+            if not result.stopped_by and live is not None and live.due(step):
+                with meter.paused():
+                    evaluate_documents()
             if result.stopped_by or step % tc.save_every == 0 or step == tc.steps:
                 with meter.paused():
                     data_state = data.train.state_dict() if streaming else None
