@@ -84,8 +84,8 @@ class LiveEval:
                 items, stats = citations.build_citation_items(documents, tokenizer, prompt_tokens, tc.eval_citations,
                                                               seed)  # fmt: skip
         if len(items) < tc.eval_citations:
-            log.warning("train.eval_citations=%d: the held-out documents hold %d citation items; scoring those",
-                        tc.eval_citations, len(items))  # fmt: skip
+            log.warning("train.eval_citations=%d: the held-out documents hold %d citation items; %s", tc.eval_citations,
+                        len(items), "scoring those" if items else "no citation metrics")  # fmt: skip
         index = citations.CitationIndex.from_documents(documents) if items else citations.CitationIndex()
         live = cls(cfg, tokenizer, items, index, documents[: tc.eval_documents])
         if accelerator.is_main_process:
@@ -96,6 +96,7 @@ class LiveEval:
 
     @property
     def every(self) -> int:
+        """Steps between evaluations."""
         return self.cfg.train.eval_documents_every or self.cfg.train.eval_every
 
     def due(self, step: int) -> bool:

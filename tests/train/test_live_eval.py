@@ -207,6 +207,23 @@ def test_citation_metrics_count_what_was_written(corpus, tmp_path, monkeypatch):
         assert values[f"eval/citation_{name}"] == pytest.approx(mean, abs=1e-12), name
 
 
+def test_documents_without_citations_log_bits_per_byte_alone(tmp_path, caplog):
+    folder = tmp_path / "uncited"
+    folder.mkdir()
+    rng = random.Random(7)
+    for number in range(8):  # opinions whose sentences cite nothing
+        text = " ".join(" ".join(rng.choice(WORDS) for _ in range(12)).capitalize() + "." for _ in range(10))
+        (folder / f"opinion_{number}.txt").write_text("OPINION\n\n" + text + "\n")
+    cfg = to_config(compose("train", run_overrides(tmp_path, folder, "unit", *LIVE)))
+    data = prepare(cfg.data)
+    accelerator = Accelerator()
+    live = live_eval.LiveEval.start(cfg, data.tokenizer, accelerator, tmp_path)
+    assert live.items == [] and len(live.documents) == 2  # 8 documents: 2 held out
+    assert "train.eval_citations=5: the held-out documents hold 0 citation items; no citation metrics" in caplog.text
+    values = live.evaluate(build_model(cfg.model, data.tokenizer), accelerator)
+    assert list(values) == ["eval/bits_per_byte"] and 0 < values["eval/bits_per_byte"] < 16
+
+
 def combined_mean(summary: dict, name: str) -> float:
     """The mean of metric `name` over every item of a legalpt-eval citation summary (full and short forms)."""
     groups = [summary[group] for group in ("full", "short_forms") if summary[group]["items"]]
