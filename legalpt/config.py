@@ -50,6 +50,9 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 ROPE_SCALINGS = ("none", "linear", "dynamic", "llama3", "yarn")  # model.rope_scaling.type (transformers' rope_type)
 DATA_FORMATS = ("text", "sft")  # data.format: documents to pretrain on | examples to fine-tune on (legalpt.data.sft)
 SFT_TEMPLATES = ("auto", "chat", "plain")  # data.sft.template (legalpt.data.sft)
+LORA_EXPORTS = ("merged", "adapter", "both")  # train.lora.export (legalpt.train.lora)
+# train.lora.target_modules by default: the attention and MLP projections of the Llama, Mistral and Qwen2 families
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # data.vocab_size of a BPE legalpt.data.tokenizer trains: the 256 bytes and its three special tokens
 MIN_BPE_VOCAB = 256 + 3
 
@@ -338,6 +341,31 @@ class DataConfig:
 
 
 @dataclass
+class LoraConfig:
+    """Low-rank adapters (LoRA, through peft) trained on a frozen `model.pretrained` instead of every weight."""
+
+    enabled: bool = False  # train adapters only; the checkpoint's own weights stay frozen
+    r: int = 16  # rank of each adapter (A: r x in, B: out x r)
+    alpha: float = 32.0  # an adapter's update is scaled by alpha / r
+    dropout: float = 0.0  # dropout on the adapters' input, in [0, 1); > 0 keeps a copy of each input for backward
+    # linear layers that get an adapter: module names, matched as the last part of the layer's path
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    # merged (adapters folded into the plain HF folder hf/) | adapter (a peft folder adapter/ over model.pretrained)
+    # | both
+    export: str = "merged"
+
+    def validate(self, key: str = "train.lora") -> None:
+        """Raise ConfigError at the first bad field."""
+        _at_least(1, self, key, "r")
+        _positive(f"{key}.alpha", self.alpha)
+        _expect(0 <= self.dropout < 1, f"{key}.dropout", "a number in [0, 1)", self.dropout)
+        targets = list(self.target_modules)
+        _expect(bool(targets) and all(isinstance(t, str) and t for t in targets), f"{key}.target_modules",
+                "a non-empty list of module names", targets)  # fmt: skip
+        _one_of(f"{key}.export", self.export, LORA_EXPORTS)
+
+
+@dataclass
 class TrainConfig:
     """The optimisation loop: schedule, precision, evaluation and checkpoints."""
 
@@ -379,6 +407,7 @@ class TrainConfig:
     reshard_after_forward: bool = True  # fsdp2: free each layer's gathered parameters after forward (False: keep them)
     compile: bool = False  # torch.compile each decoder layer on its own (layers of one shape share its graph)
     compile_mode: str = "default"  # train.compile: default | max-autotune-no-cudagraphs (longer compile, tuned matmuls)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # adapters instead of full fine-tuning (train.lora.*)
 
     def validate(self, key: str = "train") -> None:
         """Raise ConfigError at the first bad field."""
@@ -403,6 +432,7 @@ class TrainConfig:
         _one_of(f"{key}.distributed", self.distributed, DISTRIBUTED)
         _one_of(f"{key}.precision", self.precision, PRECISIONS)
         _one_of(f"{key}.compile_mode", self.compile_mode, COMPILE_MODES)
+        self.lora.validate(f"{key}.lora")
         if self.compile:  # Dynamo cannot trace save_on_cpu's hooks: each layer would fall back to eager
             _expect(not self.offload_activations, f"{key}.offload_activations", f"false with {key}.compile=true",
                     self.offload_activations)  # fmt: skip
@@ -514,6 +544,8 @@ class Config:
         self._validate_context()
         if self.train.eval_citations or self.train.eval_documents:
             self._validate_live_eval()
+        if self.train.lora.enabled:
+            self._validate_lora()
 
     def _validate_live_eval(self) -> None:
         """The live evaluation reads held-out documents, and each rank runs its share of them on its own."""
@@ -533,6 +565,18 @@ class Config:
         if covered is not None:
             positions, note = covered
             _expect(self.data.seq_len <= positions, "data.seq_len", f"at most {positions} ({note})", self.data.seq_len)
+
+    def _validate_lora(self) -> None:
+        """Adapters go over a checkpoint's weights as they are: its own vocabulary, and (for the adapter export,
+        which names the checkpoint as its base) its own RoPE."""
+        _expect(bool(self.model.pretrained), "model.pretrained", "a checkpoint with train.lora.enabled=true (adapters "
+                "over a random model would train a random model)", self.model.pretrained)  # fmt: skip
+        _expect(not self.data.extend_tokenizer, "data.extend_tokenizer", "false with train.lora.enabled=true (the new "
+                "embedding rows would stay untrained)", self.data.extend_tokenizer)  # fmt: skip
+        if self.train.lora.export != "merged":
+            _expect(self.model.rope_scaling.type == "none", "model.rope_scaling.type", "none with train.lora.export="
+                    f"{self.train.lora.export} (the adapter's base is model.pretrained as saved)",
+                    self.model.rope_scaling.type)  # fmt: skip
 
 
 ConfigStore.instance().store(name="legalpt_schema", node=Config)

@@ -43,6 +43,7 @@ from legalpt.train.compile import compile_decoder_layers, report_first_step
 from legalpt.train.distributed import build_accelerator, in_lockstep, prepare_model_and_optimizer
 from legalpt.train.interrupt import StopSignals
 from legalpt.train.live_eval import LiveEval
+from legalpt.train.lora import add_adapters, export_adapters
 from legalpt.train.loss import use_chunked_loss
 from legalpt.train.metrics import ModelFlops, Throughput, device_peak
 from legalpt.train.optim import build_optimizer, build_scheduler
@@ -185,6 +186,8 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
         use_chunked_loss(model, tc.loss_chunk_tokens)
     if tc.compile:  # after checkpointing, which runs inside the compiled layers; before DDP's or FSDP's wrappers
         compile_decoder_layers(model, tc.compile_mode)
+    if tc.lora.enabled:  # over the patched HF model, whose forward peft calls; the optimizer sees the adapters alone
+        model = add_adapters(model, tc.lora)
 
     optimizer = build_optimizer(model, tc)
     scheduler = build_scheduler(optimizer, tc)
@@ -281,7 +284,10 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     bar.close()
 
     if not result.stopped_by:  # a stopped run is not finished: its resume exports
-        result.export_dir = export_model(accelerator, model, data.tokenizer, run_dir)
+        if tc.lora.enabled:
+            result.export_dir = export_adapters(accelerator, model, data.tokenizer, run_dir, tc.lora.export)
+        else:
+            result.export_dir = export_model(accelerator, model, data.tokenizer, run_dir)
     accelerator.end_training()
     report_locations(result)
     return result
