@@ -35,7 +35,8 @@ CONF_DIR = _CHECKOUT_CONF if _CHECKOUT_CONF.is_dir() else Path(__file__).resolve
 ARCHS = ("llama", "mistral", "qwen2")  # model.arch: the decoders legalpt.model builds
 DTYPES = ("float32", "bfloat16", "float16")  # model.dtype: names of torch dtypes
 MIXED_PRECISIONS = ("auto", "bf16", "fp16", "no")  # train.mixed_precision (legalpt.runtime maps auto)
-EVAL_TASKS = ("perplexity", "citations", "citation_set", "choice")  # eval.tasks, in report order (legalpt.eval)
+# eval.tasks, in report order (legalpt.eval); harness = lm-evaluation-harness tasks (legalpt.eval.harness)
+EVAL_TASKS = ("perplexity", "citations", "citation_set", "choice", "harness")
 CHOICE_FORMATS = ("auto", "casehold", "legalbench")  # eval.choice_format (columns of each: legalpt.eval.choice)
 EVAL_DOCUMENTS = ("heldout", "all")  # eval.documents: the held-out split | every document (legalpt.eval.run)
 LOGGERS = ("wandb", "none")  # logger (legalpt.train.tracking)
@@ -478,6 +479,32 @@ class CitationEvalConfig:
 
 
 @dataclass
+class HarnessConfig:
+    """lm-evaluation-harness (`lm-eval`) tasks run on the loaded checkpoint through the harness's HF model class."""
+
+    # task, group or tag names of the harness (`lm-eval ls tasks`), e.g. legalbench, mmlu_professional_law,
+    # hellaswag; or of task YAMLs under include_path. Empty = task off
+    tasks: list[str] = field(default_factory=list)
+    num_fewshot: int | None = None  # examples in each prompt; None = each task's own default
+    limit: float | None = None  # examples per task: a count >= 1, or a fraction in (0, 1); None = all
+    batch_size: int | None = None  # sequences per forward pass; None = eval.batch_size
+    include_path: str | None = None  # folder of your own task YAMLs; a name there overrides the harness's own
+    apply_chat_template: bool = False  # wrap prompts in the tokenizer's chat template (instruction-tuned models)
+
+    def validate(self, key: str = "eval.harness") -> None:
+        """Raise ConfigError at the first bad field."""
+        names = list(self.tasks)
+        _expect(all(isinstance(n, str) and n for n in names), f"{key}.tasks", "a list of task names", names)
+        if self.num_fewshot is not None:
+            _at_least(0, self, key, "num_fewshot")
+        if self.batch_size is not None:
+            _at_least(1, self, key, "batch_size")
+        limit = self.limit
+        _expect(limit is None or 0 < limit < 1 or (limit >= 1 and float(limit).is_integer()), f"{key}.limit",
+                "None, a whole number >= 1 or a fraction in (0, 1)", limit)  # fmt: skip
+
+
+@dataclass
 class EvalConfig:
     """`legalpt-eval`: perplexity, citation accuracy and multiple choice of one checkpoint, or two side by side."""
 
@@ -485,7 +512,8 @@ class EvalConfig:
     compare: str | None = None  # a second checkpoint evaluated on the same items (e.g. base vs legal continuation)
     runs_dir: str = "runs"  # where `checkpoint=None` looks for the newest run
     output_dir: str | None = None  # report folder; None = <checkpoint>/eval (./eval for a hub id)
-    # any of perplexity | citations | citation_set | choice; choice runs only when choice_data is set
+    # any of perplexity | citations | citation_set | choice | harness; choice runs only when choice_data is set,
+    # harness only when harness.tasks is
     tasks: list[str] = field(default_factory=lambda: list(EVAL_TASKS))
     batch_size: int = 4  # sequences per forward pass for perplexity and multiple choice
     max_documents: int = 0  # documents scored (perplexity, citation items), in corpus order; 0 = all
@@ -499,6 +527,7 @@ class EvalConfig:
     choice_data: str | None = None  # CaseHOLD or LegalBench-style data: .csv/.tsv/.jsonl file or hub dataset name
     choice_format: str = "auto"  # auto | casehold | legalbench
     choice_split: str = "test"  # split of a hub dataset
+    harness: HarnessConfig = field(default_factory=HarnessConfig)  # lm-evaluation-harness tasks (eval.harness.*)
     eval_set: str | None = None  # eval_set.jsonl written by an earlier run: reuse its prompts and gold citations
     bootstrap: int = 1000  # bootstrap resamples (over documents) for confidence intervals; 0 = no intervals
     seed: int = 0  # seed of item sampling, bootstrap and sampled generation
@@ -520,6 +549,7 @@ class EvalConfig:
         _one_of(f"{key}.documents", self.documents, EVAL_DOCUMENTS)
         self.citations.validate(f"{key}.citations")
         self.generation.validate(f"{key}.generation")
+        self.harness.validate(f"{key}.harness")
 
 
 @dataclass

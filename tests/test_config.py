@@ -54,7 +54,9 @@ def test_every_preset_passes(command):
         ("train.betas=[0.9]", "train.betas: expected two numbers in [0, 1), got [0.9]"),
         ("train.mixed_precision=fp8", "train.mixed_precision: expected one of auto, bf16, fp16, no, got 'fp8'"),
         ("eval.tasks=[perplexity,rouge]", "eval.tasks: expected a subset of perplexity, citations, citation_set, "
-                                          "choice, got ['perplexity', 'rouge']"),
+                                          "choice, harness, got ['perplexity', 'rouge']"),
+        ("eval.harness.limit=2.5", "eval.harness.limit: expected None, a whole number >= 1 or a fraction in (0, 1), "
+                                   "got 2.5"),
         ("eval.choice_format=mmlu", "eval.choice_format: expected one of auto, casehold, legalbench, got 'mmlu'"),
         ("eval.perplexity_context=1", "eval.perplexity_context: expected 0 or an integer >= 2, got 1"),
         ("eval.citations.prompt_tokens=0", "eval.citations.prompt_tokens: expected an integer >= 1, got 0"),

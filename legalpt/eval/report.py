@@ -1,6 +1,7 @@
 """The eval report: report.json (everything), report.md (the documents scored and those left out as trained on,
-headline metrics, one column per checkpoint, with 95% bootstrap intervals), PNG plots of citation accuracy by
-reporter, by position in the document and by prompt length, and the same to wandb when it is on.
+headline metrics, one column per checkpoint, with 95% bootstrap intervals; the harness's numbers with their standard
+errors, and its forgetting table of two checkpoints), PNG plots of citation accuracy by reporter, by position in the
+document and by prompt length, and the same to wandb when it is on.
 
 Headline rows are found, not listed: every number or interval ({mean, low, high}) in a task's summary becomes a
 row, while per-item and per-bucket detail (lists, `by_*` breakdowns) stays in the JSON and the plots.
@@ -19,6 +20,7 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt
 
 from legalpt.config import EVAL_TASKS
+from legalpt.eval import harness
 from legalpt.runtime import wandb_offline_unless_keyed
 
 # (breakdown of the full-citation summary, title, x label) of the plotted exact-match accuracies
@@ -76,6 +78,9 @@ def markdown(report: dict) -> str:
     ]
     header = "| metric | " + " | ".join(f"checkpoint {i + 1}" for i in range(len(names))) + " |"
     for task in (task for task in EVAL_TASKS if any(task in r for r in results.values())):
+        if task == "harness":  # the harness's own numbers: each with its standard error, not an interval
+            lines += ["", "## harness", "", *harness.markdown(results)]
+            continue
         rows = {name: headline(results[name].get(task, {})) for name in names}
         keys = list(dict.fromkeys(key for row in rows.values() for key in row))
         lines += ["", f"## {task}", "", header, "|---" * (len(names) + 1) + "|"]
@@ -126,8 +131,12 @@ def log_to_wandb(report: dict, plots: list[Path], out_dir: Path, project: str) -
         metrics = {f"checkpoint{i + 1}/{task}/{key}": (value["mean"] if is_interval(value) else value)
                    for task in EVAL_TASKS if task in result
                    for key, value in headline(result[task]).items()}  # fmt: skip
+        if "harness" in result:
+            metrics[f"checkpoint{i + 1}/harness/lm_eval_version"] = result["harness"]["lm_eval_version"]
         run.summary.update({**metrics, f"checkpoint{i + 1}/name": name})
     run.log({path.stem: wandb.Image(str(path)) for path in plots})
+    if rows := report.get("forgetting"):
+        run.log({"harness_forgetting": wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])})
     run.finish()
 
 

@@ -1,4 +1,5 @@
-"""`legalpt-eval`: perplexity, citation accuracy, citation sets and multiple choice for one checkpoint or two.
+"""`legalpt-eval`: perplexity, citation accuracy, citation sets, multiple choice and lm-evaluation-harness tasks
+(`legalpt.eval.harness`) for one checkpoint or two.
 
 With no arguments it evaluates the newest run's HF export (under `eval.runs_dir`) on the held-out documents of the
 configured corpus — the demo corpus by default, split exactly as training split it — or, with `eval.documents=all`,
@@ -27,7 +28,7 @@ from legalpt.data.manifest import MANIFEST, TrainingDocuments
 from legalpt.data.pipeline import split_corpus
 from legalpt.data.readers.rows import SkipReport
 from legalpt.data.stream import in_heldout, skip_reason, stream_records
-from legalpt.eval import choice, citations
+from legalpt.eval import choice, citations, harness
 from legalpt.eval.generate import generate, generate_with_stats
 from legalpt.eval.perplexity import document_perplexity
 from legalpt.eval.report import write_report
@@ -234,11 +235,15 @@ def build_eval_set(documents: list[dict], tokenizer, cfg: EvalConfig, tasks: lis
 
 
 def check_tasks(cfg: EvalConfig) -> list[str]:
-    """The tasks to run; choice only with data to run it on."""
+    """The tasks to run; choice only with data to run it on, harness only with harness tasks (whose names are
+    checked here, before any model loads)."""
     unknown = [t for t in cfg.tasks if t not in EVAL_TASKS]
     if unknown:
         raise ValueError(f"eval.tasks: unknown {unknown}, expected a subset of {list(EVAL_TASKS)}")
-    return [t for t in cfg.tasks if t != "choice" or cfg.choice_data]
+    tasks = [t for t in cfg.tasks if (t != "choice" or cfg.choice_data) and (t != "harness" or cfg.harness.tasks)]
+    if "harness" in tasks:
+        harness.check_tasks(cfg.harness)
+    return tasks
 
 
 def evaluate_checkpoint(
@@ -264,6 +269,8 @@ def evaluate_checkpoint(
             items = choice.load_choice_items(e.choice_data, e.choice_format, e.choice_split)
             predictions = choice.score_choices(model, tokenizer, items, e.batch_size)
             result["choice"] = choice.summarize_choices(items, predictions, e.bootstrap, e.seed)
+        if "harness" in tasks:
+            result["harness"] = harness.run_harness(model, tokenizer, e.harness, e.batch_size, e.bootstrap)
     return result
 
 
@@ -353,6 +360,8 @@ def evaluate(cfg: DictConfig | Config) -> dict:
         "eval_set": {"path": str(out_dir / "eval_set.jsonl"), **eval_set.stats},
         "config": OmegaConf.to_container(OmegaConf.structured(cfg.eval), resolve=True),
     }
+    if "harness" in tasks and len(results) == 2:
+        report["forgetting"] = harness.forgetting(results)
     paths = write_report(report, out_dir, cfg.logger, cfg.project)
     log.info("report: %s", ", ".join(str(p) for p in paths))
     return report
