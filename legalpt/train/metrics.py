@@ -6,8 +6,9 @@ context for any prediction, so it is as wasted as a pad. Throughput counts real 
 
 Model FLOPs of a step (MFU's numerator; recomputation by activation checkpointing is not counted, as in PaLM):
 6 · N · tokens for the matmuls, N the parameters other than the input embedding (a lookup, not a matmul; the LM head
-counts once even when tied), plus per layer 12 · pairs · heads · head_dim for attention: QKᵀ and PV are 2 FLOPs per
-(query, key) pair and head dimension each, forward, and the backward costs twice the forward. `pairs` are the
+counts once even when tied), of which a frozen one (a LoRA base) counts 4 instead of 6: its backward computes the
+input's gradient but not its own; plus per layer 12 · pairs · heads · head_dim for attention: QKᵀ and PV are 2 FLOPs
+per (query, key) pair and head dimension each, forward, and the backward costs twice the forward. `pairs` are the
 (query, key) pairs the causal mask lets through within each document, under the layer's sliding window if it has one.
 
 Everything per step is counted on the device where the batch lies, so the loop never waits for the GPU; `Throughput`
@@ -100,6 +101,7 @@ class ModelFlops:
     num_heads: int  # query heads (grouped key/value heads do not change the score and PV matmuls)
     head_dim: int
     windows: tuple[int | None, ...]  # sliding window of each layer; None = full causal attention
+    frozen_params: int = 0  # of N, those without a gradient (a LoRA base): no weight-gradient matmul in the backward
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> ModelFlops:
@@ -110,13 +112,15 @@ class ModelFlops:
         tied = head is not None and head.weight is embedding
         # parameters() yields a tied tensor once, so a tied head is added back as the matmul it still is.
         matmul_params = sum(p.numel() for p in model.parameters()) - embedding.numel() * (not tied)
+        frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+        frozen -= embedding.numel() * (not tied and not embedding.requires_grad)
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         sliding = getattr(config, "sliding_window", None)
         # Qwen2-style configs name each layer's kind; Mistral's apply its window to every layer.
         kinds = getattr(config, "layer_types", None) or ["sliding_attention"] * config.num_hidden_layers
         windows = tuple(sliding if kind == "sliding_attention" else None for kind in kinds)
-        return cls(matmul_params, num_heads, head_dim, windows)
+        return cls(matmul_params, num_heads, head_dim, windows, frozen)
 
     def count(self, batch: dict) -> torch.Tensor:
         """(2,) int64 on the batch's device: its real tokens, and its visible pairs summed over layers."""
@@ -127,7 +131,8 @@ class ModelFlops:
 
     def flops(self, tokens: int, layer_pairs: int) -> int:
         """Forward + backward FLOPs of `tokens` real tokens whose layers see `layer_pairs` pairs in all."""
-        return 6 * self.matmul_params * tokens + 12 * self.num_heads * self.head_dim * layer_pairs
+        matmuls = 6 * self.matmul_params - 2 * self.frozen_params
+        return matmuls * tokens + 12 * self.num_heads * self.head_dim * layer_pairs
 
 
 class Throughput:

@@ -59,6 +59,18 @@ def test_matmul_parameters_by_hand():
         assert flops.windows == (None, None)
 
 
+def test_frozen_parameters_skip_their_weight_gradient():
+    model = tiny(LlamaConfig, tie_word_embeddings=False)
+    trainable = ModelFlops.of(model)
+    model.requires_grad_(False)  # a frozen base, as LoRA leaves it; its embedding is still no matmul
+    adapter = model.model.layers[0].self_attn.q_proj.weight
+    adapter.requires_grad_(True)
+    frozen = ModelFlops.of(model)
+    assert frozen.frozen_params == trainable.matmul_params - adapter.numel() and trainable.frozen_params == 0
+    per_token = 6 * adapter.numel() + 4 * frozen.frozen_params  # forward 2N; backward 2N (input) + 2N (weight)
+    assert frozen.flops(tokens=10, layer_pairs=0) == 10 * per_token
+
+
 def test_layer_windows_follow_the_config():
     assert ModelFlops.of(tiny(MistralConfig, sliding_window=3)).windows == (3, 3)
     assert ModelFlops.of(tiny(MistralConfig, sliding_window=None)).windows == (None, None)
