@@ -506,7 +506,8 @@ class HarnessConfig:
 
 @dataclass
 class EvalConfig:
-    """`legalpt-eval`: perplexity, citation accuracy and multiple choice of one checkpoint, or two side by side."""
+    """`legalpt-eval`: perplexity, citation accuracy, multiple choice and lm-evaluation-harness tasks of one
+    checkpoint, or two side by side."""
 
     checkpoint: str | None = None  # HF folder, run folder or hub id; None = the newest run's export under `runs_dir`
     compare: str | None = None  # a second checkpoint evaluated on the same items (e.g. base vs legal continuation)
