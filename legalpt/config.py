@@ -202,20 +202,20 @@ class DedupConfig:
     exact: bool = True  # drop documents whose normalized text hashes equal an earlier one's
     near: bool = True  # drop near-duplicates found by MinHash LSH
     threshold: float = 0.8  # Jaccard similarity of shingle sets at which two documents are duplicates
+    containment: bool = True  # drop a document whose text lies within a longer kept one (a copy plus an exhibit)
+    containment_threshold: float = 0.9  # share of a document's shingles found in the longer one that makes it so
     shingle_words: int = 5  # words per shingle
     num_perm: int = 128  # MinHash permutations (at least 2)
     examples: int = 5  # duplicate pairs listed in the report
-    containment: bool = True  # drop a document whose text lies within a longer kept one (a copy plus an exhibit)
-    containment_threshold: float = 0.9  # share of a document's shingles found in the longer one that makes it so
 
     def validate(self, key: str = "data.dedup") -> None:
         """Raise ConfigError at the first bad field."""
         _expect(0 < self.threshold <= 1, f"{key}.threshold", "a number in (0, 1]", self.threshold)
+        ratio = self.containment_threshold
+        _expect(0 < ratio <= 1, f"{key}.containment_threshold", "a number in (0, 1]", ratio)
         _at_least(1, self, key, "shingle_words")
         _at_least(2, self, key, "num_perm")
         _at_least(0, self, key, "examples")
-        ratio = self.containment_threshold
-        _expect(0 < ratio <= 1, f"{key}.containment_threshold", "a number in (0, 1]", ratio)
 
 
 @dataclass
