@@ -36,6 +36,7 @@ from legalpt.model import build_model
 from legalpt.runtime import EXPORT_DIR, export_dir, log_on_main_process_only, mixed_precision
 
 log = logging.getLogger(__name__)
+DOCUMENT_TASKS = ("perplexity", "citations", "citation_set")  # the tasks scored on the corpus's documents
 
 
 @dataclasses.dataclass
@@ -319,17 +320,14 @@ def _warn_if_cleaned_otherwise(training: TrainingDocuments, cfg: DataConfig) -> 
                     "cleaned differently is not recognized; evaluate with the run's data.clean", MANIFEST)  # fmt: skip
 
 
-def evaluate(cfg: DictConfig | Config) -> dict:
-    """Evaluate the checkpoint(s) `cfg` names, write the report, and return it."""
-    cfg = to_config(cfg)
-    tasks = check_tasks(cfg.eval)
-    checkpoints = [resolve_checkpoint(cfg.eval.checkpoint, cfg.eval.runs_dir)]
-    if cfg.eval.compare:
-        checkpoints.append(resolve_checkpoint(cfg.eval.compare, cfg.eval.runs_dir, "eval.compare"))
-    out_dir = Path(cfg.eval.output_dir or default_output_dir(checkpoints[0])).expanduser()
-    accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision))
-    log_on_main_process_only(accelerator)
-
+def documents_and_eval_set(
+    cfg: Config, tasks: list[str], checkpoints: list[str], out_dir: Path
+) -> tuple[list[dict], EvalSet, dict]:
+    """The documents to score and the eval set built from them (written to `out_dir`), with the report's sections on
+    both; none of it, and no corpus read, when no task in `tasks` scores documents (choice and the harness read
+    their own data)."""
+    if not set(tasks) & set(DOCUMENT_TASKS):
+        return [], EvalSet([], [], {}), {}
     training = training_documents(checkpoints)
     _warn_if_cleaned_otherwise(training, cfg.data)
     everything = cfg.eval.documents == "all"
@@ -352,12 +350,26 @@ def evaluate(cfg: DictConfig | Config) -> dict:
         len(eval_set.set_items),
         out_dir / "eval_set.jsonl",
     )
+    eval_set_section = {"path": str(out_dir / "eval_set.jsonl"), **eval_set.stats}
+    return documents, eval_set, {"data": data_stats, "eval_set": eval_set_section}
 
+
+def evaluate(cfg: DictConfig | Config) -> dict:
+    """Evaluate the checkpoint(s) `cfg` names, write the report, and return it."""
+    cfg = to_config(cfg)
+    tasks = check_tasks(cfg.eval)
+    checkpoints = [resolve_checkpoint(cfg.eval.checkpoint, cfg.eval.runs_dir)]
+    if cfg.eval.compare:
+        checkpoints.append(resolve_checkpoint(cfg.eval.compare, cfg.eval.runs_dir, "eval.compare"))
+    out_dir = Path(cfg.eval.output_dir or default_output_dir(checkpoints[0])).expanduser()
+    accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision))
+    log_on_main_process_only(accelerator)
+
+    documents, eval_set, sections = documents_and_eval_set(cfg, tasks, checkpoints, out_dir)
     results = {ckpt: evaluate_checkpoint(ckpt, cfg, tasks, documents, eval_set, accelerator) for ckpt in checkpoints}
     report = {
         "checkpoints": results,
-        "data": data_stats,
-        "eval_set": {"path": str(out_dir / "eval_set.jsonl"), **eval_set.stats},
+        **sections,
         "config": OmegaConf.to_container(OmegaConf.structured(cfg.eval), resolve=True),
     }
     if "harness" in tasks and len(results) == 2:

@@ -172,13 +172,7 @@ def harness_overrides(folder, out, *extra: str) -> list[str]:
     return [
         "model=tiny",
         "logger=none",
-        "data.synthetic_documents=8",
-        "data.heldout_fraction=0.25",
-        f"data.cache_dir={out / 'cache'}",
         "eval.tasks=[harness]",
-        "eval.max_documents=1",
-        "eval.citations.max_items=1",
-        "eval.citations.set_documents=0",
         f"eval.harness.include_path={folder}",
         f"eval.output_dir={out}",
         *extra,
@@ -243,6 +237,29 @@ def test_harness_numbers_equal_direct_loglikelihoods_and_fill_the_report(suite, 
     assert "## harness" in md and f"lm-eval {lm_eval.__version__}" in md and "Forgetting: Δ" in md
     worse = " *worse*" if suite_acc["worse"] else ""
     assert f"| tiny_suite | acc | 0 | {cells[0]} | {cells[1]} | {suite_acc['delta']:+.4g}{worse} |" in md
+
+
+def test_harness_alone_reads_no_corpus(suite, checkpoints, tmp_path):
+    folder, _ = suite
+    missing = tmp_path / "no_corpus"
+    overrides = [
+        "model=tiny",
+        "logger=none",
+        "data=files",
+        f"data.paths=[{missing}]",
+        f"eval.checkpoint={checkpoints / 'base'}",
+        f"eval.output_dir={tmp_path / 'eval'}",
+        f"eval.harness.include_path={folder}",
+        "eval.harness.tasks=[tiny_two]",
+        "eval.harness.limit=2",
+    ]
+    report = evaluate(compose("eval", [*overrides, "eval.tasks=[harness]"]))
+    assert report["checkpoints"][str(checkpoints / "base")]["harness"]["tasks"]["tiny_two"]["examples"] == 2
+    assert "data" not in report and "eval_set" not in report
+    assert not (tmp_path / "eval" / "eval_set.jsonl").exists()
+    assert "documents scored" not in (tmp_path / "eval" / "report.md").read_text()
+    with pytest.raises(FileNotFoundError, match=rf"^data\.paths: '{re.escape(str(missing))}' does not exist"):
+        evaluate(compose("eval", [*overrides, "eval.tasks=[harness,citations]"]))
 
 
 def test_unknown_task_names_fail_before_loading_with_how_to_list(suite):
