@@ -48,6 +48,18 @@ def check_tasks(cfg: HarnessConfig) -> None:
         raise ValueError(f"eval.harness.tasks: unknown {unknown} (no task, group or tag of {where}); {LIST_TASKS}")
 
 
+def check_data(cfg: HarnessConfig) -> None:
+    """That the data of every task in `cfg.tasks` can be read (from the hub, its cache or local files), before any
+    model loads, rather than after the other tasks ran; raises ValueError. What is read stays in `datasets`' cache."""
+    try:
+        task_manager(_include_path(cfg)).load(list(cfg.tasks))
+    except OSError as error:  # FileNotFoundError of a missing file or dataset, ConnectionError without the hub
+        raise ValueError(
+            f"eval.harness.tasks: a task's data cannot be read: {str(error).splitlines()[0]} (a task YAML's "
+            "data_files are read relative to the working directory)"
+        ) from None
+
+
 def run_harness(model, tokenizer, cfg: HarnessConfig, batch_size: int, bootstrap: int) -> dict:
     """The harness's results for `cfg.tasks` on `model` (already on its device and precision), summarized.
 

@@ -361,6 +361,8 @@ def evaluate(cfg: DictConfig | Config) -> dict:
     checkpoints = [resolve_checkpoint(cfg.eval.checkpoint, cfg.eval.runs_dir)]
     if cfg.eval.compare:
         checkpoints.append(resolve_checkpoint(cfg.eval.compare, cfg.eval.runs_dir, "eval.compare"))
+    if "harness" in tasks:
+        harness.check_data(cfg.eval.harness)
     out_dir = Path(cfg.eval.output_dir or default_output_dir(checkpoints[0])).expanduser()
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision))
     log_on_main_process_only(accelerator)

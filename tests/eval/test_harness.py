@@ -262,6 +262,17 @@ def test_harness_alone_reads_no_corpus(suite, checkpoints, tmp_path):
         evaluate(compose("eval", [*overrides, "eval.tasks=[harness,citations]"]))
 
 
+def test_unreadable_task_data_fails_before_a_model_loads(checkpoints, tmp_path, monkeypatch):
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "lost.yaml").write_text(TASK.format(name="lost", data="lost.jsonl"))  # relative: to the working dir
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("legalpt.eval.run.build_model", lambda *args: pytest.fail("a model was loaded"))
+    overrides = [f"eval.checkpoint={checkpoints / 'base'}", "eval.harness.tasks=[lost]"]
+    with pytest.raises(ValueError, match=r"^eval\.harness\.tasks: a task's data cannot be read: .*lost\.jsonl"):
+        evaluate(compose("eval", harness_overrides(folder, tmp_path / "eval", *overrides)))
+
+
 def test_unknown_task_names_fail_before_loading_with_how_to_list(suite):
     folder, _ = suite
     cfg = EvalConfig(
