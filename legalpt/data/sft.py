@@ -95,9 +95,7 @@ def prepare_sft(cfg: DataConfig, pretrained: str | None = None) -> PreparedData:
 
     clock = time.perf_counter()
     tokenizer = get_tokenizer(cfg, splits["train"], pretrained)
-    template = resolve_template(cfg.sft.template, tokenizer)
-    if cfg.bos and template == "plain" and tokenizer.bos_token_id is None:
-        raise ValueError(f"data.bos: tokenizer {tokenizer.name_or_path!r} has no bos token to start examples with")
+    template = resolve_template(cfg.sft.template, tokenizer, cfg.bos)
     seconds["tokenizer"] = time.perf_counter() - clock
 
     key = _cache_key(chats, tokenizer, template, cfg)
@@ -268,15 +266,18 @@ def read_examples_file(path: str, key: str, cache_dir: str) -> datasets.Dataset:
         raise ValueError(f"{key}: cannot read {path!r} as {builder}: {error}") from error
 
 
-def resolve_template(setting: str, tokenizer: PreTrainedTokenizerFast) -> str:
-    """chat or plain: the template `data.sft.template` asks for with this tokenizer."""
+def resolve_template(setting: str, tokenizer: PreTrainedTokenizerFast, bos: bool = False) -> str:
+    """chat or plain: the template `data.sft.template` asks for with this tokenizer; `bos` (data.bos) needs the
+    tokenizer's bos token for the plain template."""
     if setting == "auto":
-        return "chat" if tokenizer.chat_template else "plain"
+        setting = "chat" if tokenizer.chat_template else "plain"
     if setting == "chat" and not tokenizer.chat_template:
         raise ValueError(
             f"data.sft.template: chat, but tokenizer {tokenizer.name_or_path!r} has no chat template; "
             "expected auto or plain"
         )
+    if bos and setting == "plain" and tokenizer.bos_token_id is None:
+        raise ValueError(f"data.bos: tokenizer {tokenizer.name_or_path!r} has no bos token to start examples with")
     return setting
 
 
@@ -399,15 +400,8 @@ def _build(
         seconds["tokenize"] = seconds["pack"] = 0.0
         for split, chats in splits.items():
             clock = time.perf_counter()
-            encoded = _encode(chats, tokenizer, template, cfg, work / f"{split}-examples.arrow", f"{key}-{split}")
-            reasons = encoded.data.column("skip").to_pylist()
-            for where, reason in zip(encoded.data.column("id").to_pylist(), reasons, strict=True):
-                if reason:
-                    place = saved["skipped"].setdefault(reason, {"count": 0, "examples": []})
-                    place["count"] += 1
-                    if len(place["examples"]) < SkipReport.max_examples:
-                        place["examples"].append(where)
-            kept = encoded.select([i for i, reason in enumerate(reasons) if not reason])
+            cache_file, fingerprint = work / f"{split}-examples.arrow", f"{key}-{split}"
+            kept = encode_chats(chats, tokenizer, template, cfg, (cache_file, fingerprint), saved["skipped"])
             seconds["tokenize"] += time.perf_counter() - clock
 
             clock = time.perf_counter()
@@ -417,6 +411,28 @@ def _build(
             saved[split] = {**stats.to_dict(), "target_tokens": targets or 0}
             seconds["pack"] += time.perf_counter() - clock
         (out / "stats.json").write_text(json.dumps(saved))
+
+
+def encode_chats(
+    chats: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerFast,
+    template: str,
+    cfg: DataConfig,
+    cache: tuple[Path, str],
+    skipped: dict[str, dict[str, Any]],
+) -> datasets.Dataset:
+    """The examples of `chats` that encode (id, input_ids, loss_mask), written to `cache` (a file, and a fingerprint
+    that names what the encoding depends on); each one that does not is counted in `skipped` ({reason: {count,
+    examples: its first places}})."""
+    encoded = _encode(chats, tokenizer, template, cfg, *cache)
+    reasons = encoded.data.column("skip").to_pylist()
+    for where, reason in zip(encoded.data.column("id").to_pylist(), reasons, strict=True):
+        if reason:
+            place = skipped.setdefault(reason, {"count": 0, "examples": []})
+            place["count"] += 1
+            if len(place["examples"]) < SkipReport.max_examples:
+                place["examples"].append(where)
+    return encoded.select([i for i, reason in enumerate(reasons) if not reason])
 
 
 def _encode(
