@@ -35,8 +35,9 @@ CONF_DIR = _CHECKOUT_CONF if _CHECKOUT_CONF.is_dir() else Path(__file__).resolve
 ARCHS = ("llama", "mistral", "qwen2")  # model.arch: the decoders legalpt.model builds
 DTYPES = ("float32", "bfloat16", "float16")  # model.dtype: names of torch dtypes
 MIXED_PRECISIONS = ("auto", "bf16", "fp16", "no")  # train.mixed_precision (legalpt.runtime maps auto)
-# eval.tasks, in report order (legalpt.eval); harness = lm-evaluation-harness tasks (legalpt.eval.harness)
-EVAL_TASKS = ("perplexity", "citations", "citation_set", "choice", "harness")
+# eval.tasks, in report order (legalpt.eval); response_loss = held-out fine-tuning examples (legalpt.eval.responses);
+# harness = lm-evaluation-harness tasks (legalpt.eval.harness)
+EVAL_TASKS = ("perplexity", "response_loss", "citations", "citation_set", "choice", "harness")
 CHOICE_FORMATS = ("auto", "casehold", "legalbench")  # eval.choice_format (columns of each: legalpt.eval.choice)
 EVAL_DOCUMENTS = ("heldout", "all")  # eval.documents: the held-out split | every document (legalpt.eval.run)
 LOGGERS = ("wandb", "none")  # logger (legalpt.train.tracking)
@@ -513,11 +514,12 @@ class EvalConfig:
     compare: str | None = None  # a second checkpoint evaluated on the same items (e.g. base vs legal continuation)
     runs_dir: str = "runs"  # where `checkpoint=None` looks for the newest run
     output_dir: str | None = None  # report folder; None = <checkpoint>/eval (./eval for a hub id)
-    # any of perplexity | citations | citation_set | choice | harness; choice runs only when choice_data is set,
-    # harness only when harness.tasks is
+    # any of perplexity | response_loss | citations | citation_set | choice | harness; choice runs only when
+    # choice_data is set, harness only when harness.tasks is; response_loss only with data.format=sft (the loss on
+    # held-out examples' responses), perplexity and the citation tasks only with data.format=text (documents)
     tasks: list[str] = field(default_factory=lambda: list(EVAL_TASKS))
-    batch_size: int = 4  # sequences per forward pass for perplexity and multiple choice
-    max_documents: int = 0  # documents scored (perplexity, citation items), in corpus order; 0 = all
+    batch_size: int = 4  # sequences per forward pass: perplexity, multiple choice; response_loss packs rows
+    max_documents: int = 0  # documents (or response_loss's examples) scored, in corpus order; 0 = all
     # heldout = the corpus's held-out split; all = every document. Either way the checkpoints' training documents
     # (their run's training_documents.jsonl) are left out and counted
     documents: str = "heldout"

@@ -54,7 +54,8 @@ def test_wrong_type_is_named(tmp_path):
         ("prepare", "data=files",
          "data.paths: expected documents to read (data.synthetic_documents=0 turns the demo corpus off), got []"),
         ("eval", "eval.tasks=[rouge]",
-         "eval.tasks: expected a subset of perplexity, citations, citation_set, choice, harness, got ['rouge']"),
+         "eval.tasks: expected a subset of perplexity, response_loss, citations, citation_set, choice, harness, "
+         "got ['rouge']"),
     ],
 )  # fmt: skip
 def test_a_bad_value_stops_with_one_line_and_no_run_folder(tmp_path, command, override, message):

@@ -53,8 +53,8 @@ def test_every_preset_passes(command):
         ("train.min_lr_ratio=1.5", "train.min_lr_ratio: expected a number in [0, 1], got 1.5"),
         ("train.betas=[0.9]", "train.betas: expected two numbers in [0, 1), got [0.9]"),
         ("train.mixed_precision=fp8", "train.mixed_precision: expected one of auto, bf16, fp16, no, got 'fp8'"),
-        ("eval.tasks=[perplexity,rouge]", "eval.tasks: expected a subset of perplexity, citations, citation_set, "
-                                          "choice, harness, got ['perplexity', 'rouge']"),
+        ("eval.tasks=[perplexity,rouge]", "eval.tasks: expected a subset of perplexity, response_loss, citations, "
+                                          "citation_set, choice, harness, got ['perplexity', 'rouge']"),
         ("eval.harness.limit=2.5", "eval.harness.limit: expected None, a whole number >= 1 or a fraction in (0, 1), "
                                    "got 2.5"),
         ("eval.choice_format=mmlu", "eval.choice_format: expected one of auto, casehold, legalbench, got 'mmlu'"),

@@ -69,13 +69,14 @@ def markdown(report: dict) -> str:
     names = list(results)
     lines = ["# legalpt evaluation", ""]
     lines += [f"- checkpoint {i + 1}: `{name}`" for i, name in enumerate(names)]
-    if data := report.get("data"):  # absent when no task scored documents
-        scope = "every document" if data["scope"] == "all" else "the held-out split"
-        lines += [
-            f"- eval set: `{report['eval_set']['path']}`",
-            f"- documents scored: {data['documents']} of {scope}; "
-            f"{data['excluded_training']} left out as training documents of the checkpoint(s)",
-        ]
+    if data := report.get("data"):  # absent when no task scored documents or examples
+        unit = data.get("unit", "documents")  # response_loss scores fine-tuning examples
+        scope = f"every {unit.removesuffix('s')}" if data["scope"] == "all" else "the held-out split"
+        lines += [f"- eval set: `{report['eval_set']['path']}`"] if "eval_set" in report else []
+        lines.append(
+            f"- {unit} scored: {data['documents']} of {scope}; "
+            f"{data['excluded_training']} left out as training {unit} of the checkpoint(s)"
+        )
     header = "| metric | " + " | ".join(f"checkpoint {i + 1}" for i in range(len(names))) + " |"
     for task in (task for task in EVAL_TASKS if any(task in r for r in results.values())):
         if task == "harness":  # the harness's own numbers: each with its standard error, not an interval

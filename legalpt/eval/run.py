@@ -7,7 +7,8 @@ on every document of it. Either way no document a checkpoint was trained on is s
 manifest of its run (`legalpt.data.manifest`) names them, and they are left out and counted. The eval set (citation
 prompts with their gold citations, and the opinions to continue) is built once from text, written to
 `eval_set.jsonl`, and used for every checkpoint, so a comparison (`eval.compare=...`) scores both models on the same
-items; pass `eval.eval_set=<that file>` to reuse it in a later run.
+items; pass `eval.eval_set=<that file>` to reuse it in a later run. With data.format=sft the data are fine-tuning
+examples instead, split and left out the same way, and `response_loss` scores the loss on their responses.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import logging
 from pathlib import Path
 
+import datasets
 import torch
 from accelerate import Accelerator
 from omegaconf import DictConfig, OmegaConf
@@ -28,7 +30,7 @@ from legalpt.data.manifest import MANIFEST, TrainingDocuments
 from legalpt.data.pipeline import split_corpus
 from legalpt.data.readers.rows import SkipReport
 from legalpt.data.stream import in_heldout, skip_reason, stream_records
-from legalpt.eval import choice, citations, harness
+from legalpt.eval import choice, citations, harness, responses
 from legalpt.eval.generate import generate, generate_with_stats
 from legalpt.eval.perplexity import document_perplexity
 from legalpt.eval.report import write_report
@@ -235,22 +237,32 @@ def build_eval_set(documents: list[dict], tokenizer, cfg: EvalConfig, tasks: lis
     return EvalSet(items, sets, {"citations": stats, "citation_set_items": len(sets)})
 
 
-def check_tasks(cfg: EvalConfig) -> list[str]:
+def check_tasks(cfg: EvalConfig, data_format: str = "text") -> list[str]:
     """The tasks to run; choice only with data to run it on, harness only with harness tasks (whose names are
-    checked here, before any model loads)."""
+    checked here, before any model loads), response_loss only on fine-tuning examples (`data_format` sft) and the
+    document tasks only on documents."""
     unknown = [t for t in cfg.tasks if t not in EVAL_TASKS]
     if unknown:
         raise ValueError(f"eval.tasks: unknown {unknown}, expected a subset of {list(EVAL_TASKS)}")
     tasks = [t for t in cfg.tasks if (t != "choice" or cfg.choice_data) and (t != "harness" or cfg.harness.tasks)]
+    data_tasks = ("response_loss",) if data_format == "sft" else DOCUMENT_TASKS
+    tasks = [t for t in tasks if t in data_tasks or t not in (*DOCUMENT_TASKS, "response_loss")]
     if "harness" in tasks:
         harness.check_tasks(cfg.harness)
     return tasks
 
 
 def evaluate_checkpoint(
-    checkpoint: str, cfg: Config, tasks: list[str], documents: list[dict], eval_set: EvalSet, accelerator
+    checkpoint: str,
+    cfg: Config,
+    tasks: list[str],
+    documents: list[dict],
+    eval_set: EvalSet,
+    accelerator,
+    examples: datasets.Dataset | None = None,
 ) -> dict:
-    """Every requested task for one checkpoint; generations are kept per item for the report."""
+    """Every requested task for one checkpoint; generations are kept per item for the report. `examples` are the
+    held-out fine-tuning examples of response_loss (`responses.heldout_examples`)."""
     e = cfg.eval
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     model = build_model(dataclasses.replace(cfg.model, pretrained=checkpoint), tokenizer).to(accelerator.device)
@@ -262,6 +274,8 @@ def evaluate_checkpoint(
                 model, tokenizer, documents, e.perplexity_context, e.perplexity_stride, e.batch_size, e.bootstrap,
                 e.seed,
             )  # fmt: skip
+        if "response_loss" in tasks:
+            result["response_loss"] = responses.response_loss(model, tokenizer, examples, cfg.data, e.batch_size)
         if "citations" in tasks:
             result["citations"] = score_citations(model, tokenizer, documents, eval_set, e)
         if "citation_set" in tasks and eval_set.set_items:
@@ -357,7 +371,7 @@ def documents_and_eval_set(
 def evaluate(cfg: DictConfig | Config) -> dict:
     """Evaluate the checkpoint(s) `cfg` names, write the report, and return it."""
     cfg = to_config(cfg)
-    tasks = check_tasks(cfg.eval)
+    tasks = check_tasks(cfg.eval, cfg.data.format)
     checkpoints = [resolve_checkpoint(cfg.eval.checkpoint, cfg.eval.runs_dir)]
     if cfg.eval.compare:
         checkpoints.append(resolve_checkpoint(cfg.eval.compare, cfg.eval.runs_dir, "eval.compare"))
@@ -368,7 +382,13 @@ def evaluate(cfg: DictConfig | Config) -> dict:
     log_on_main_process_only(accelerator)
 
     documents, eval_set, sections = documents_and_eval_set(cfg, tasks, checkpoints, out_dir)
-    results = {ckpt: evaluate_checkpoint(ckpt, cfg, tasks, documents, eval_set, accelerator) for ckpt in checkpoints}
+    examples = None
+    if "response_loss" in tasks:  # the document tasks are off: the data section is the examples'
+        everything, training = cfg.eval.documents == "all", training_documents(checkpoints)
+        examples, sections["data"] = responses.heldout_examples(cfg.data, cfg.eval.max_documents, everything, training)
+    results = {
+        ckpt: evaluate_checkpoint(ckpt, cfg, tasks, documents, eval_set, accelerator, examples) for ckpt in checkpoints
+    }
     report = {
         "checkpoints": results,
         **sections,
