@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from eval_helpers import VOCAB, make_tokenizer
+from eval_helpers import FIRST_ANSWER, VOCAB, local_task, make_tokenizer, metrics
 from transformers import AutoModelForCausalLM
 
 from legalpt.config import ConfigError, EvalConfig, HarnessConfig, compose, to_config
@@ -23,51 +23,6 @@ from legalpt.eval.run import check_tasks, evaluate
 from legalpt.model import build_model
 
 WORDS = [f"w{i}" for i in range(VOCAB - 4)]  # every word a token of make_tokenizer's vocabulary
-TASK = """task: {name}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-  - metric: acc_norm
-    aggregation: mean
-    higher_is_better: true
-metadata:
-  version: 1.0
-"""
-GENERATION = """task: tiny_gen
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: ["\\n"]
-  do_sample: false
-  max_gen_toks: {tokens}
-filter_list:
-  - name: get-answer
-    filter:
-      - function: remove_whitespace
-      - function: take_first
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-metadata:
-  version: 1.0
-"""
 GROUP = """group: tiny_suite
 task: [tiny_three, tiny_two]
 aggregate_metric_list:
@@ -80,6 +35,19 @@ metadata:
 ITEMS = 8  # per task; the harness runs on the first LIMIT of them
 LIMIT = 6
 NEW_TOKENS = 3  # generated per answer
+
+
+def choice_task(name: str, data) -> str:
+    """A multiple-choice task over items {question, choices, label} in `data`."""
+    return local_task(
+        name,
+        {"test": data},
+        output_type="multiple_choice",
+        doc_to_text="{{question}}",
+        doc_to_choice="{{choices}}",
+        doc_to_target="{{label}}",
+        metric_list=metrics("acc", "acc_norm"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +94,7 @@ def suite(tmp_path_factory, checkpoints):
         ]
         data = folder / f"{name}.jsonl"
         data.write_text("".join(json.dumps(item) + "\n" for item in items[name]))
-        (folder / f"{name}.yaml").write_text(TASK.format(name=name, data=data))
+        (folder / f"{name}.yaml").write_text(choice_task(name, data))
     (folder / "tiny_suite.yaml").write_text(GROUP)
     base, tokenizer = load_eager(checkpoints / "base"), make_tokenizer(bos=True)
     items["tiny_gen"] = []
@@ -137,7 +105,19 @@ def suite(tmp_path_factory, checkpoints):
             items["tiny_gen"].append({"question": question, "answer": answer})
     data = folder / "tiny_gen.jsonl"
     data.write_text("".join(json.dumps(item) + "\n" for item in items["tiny_gen"]))
-    (folder / "tiny_gen.yaml").write_text(GENERATION.format(data=data, tokens=NEW_TOKENS))
+    generation = {"until": ["\n"], "do_sample": False, "max_gen_toks": NEW_TOKENS}
+    (folder / "tiny_gen.yaml").write_text(
+        local_task(
+            "tiny_gen",
+            {"test": data},
+            output_type="generate_until",
+            doc_to_text="{{question}}",
+            doc_to_target="{{answer}}",
+            generation_kwargs=generation,
+            filter_list=FIRST_ANSWER,
+            metric_list=metrics("exact_match"),
+        )
+    )
     return folder, items
 
 
@@ -265,7 +245,7 @@ def test_harness_alone_reads_no_corpus(suite, checkpoints, tmp_path):
 def test_unreadable_task_data_fails_before_a_model_loads(checkpoints, tmp_path, monkeypatch):
     folder = tmp_path / "tasks"
     folder.mkdir()
-    (folder / "lost.yaml").write_text(TASK.format(name="lost", data="lost.jsonl"))  # relative: to the working dir
+    (folder / "lost.yaml").write_text(choice_task("lost", "lost.jsonl"))  # relative: to the working dir
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("legalpt.eval.run.build_model", lambda *args: pytest.fail("a model was loaded"))
     overrides = [f"eval.checkpoint={checkpoints / 'base'}", "eval.harness.tasks=[lost]"]

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from eval_helpers import VOCAB, make_tokenizer
+from eval_helpers import FIRST_ANSWER, VOCAB, local_task, make_tokenizer, metrics
 
 from legalpt.config import compose
 from legalpt.eval.run import evaluate
@@ -24,52 +24,19 @@ LABELS = ["w10", "w20"]  # the classes
 WORDS = [f"w{i}" for i in range(4, VOCAB)]  # the word tokens of make_tokenizer's vocabulary
 SHOTS = 3
 BATCH = 4
-COMMON = """dataset_path: json
-dataset_kwargs:
-  data_files:
-    train: {folder}/train.jsonl
-    test: {folder}/test.jsonl
-test_split: test
-fewshot_split: train
-num_fewshot: 5
-description: "w1 w2 w3\\n\\n"
-doc_to_text: "{{{{text}}}}"
-target_delimiter: " "
-metadata:
-  version: 1.0
-"""
-GENERATION = """task: lb_generate
-output_type: generate_until
-doc_to_target: "{{answer}}"
-generation_kwargs:
-  until: ["\\n"]
-  do_sample: false
-  temperature: 0.0
-  max_gen_toks: 1
-filter_list:
-  - name: get-answer
-    filter:
-      - function: remove_whitespace
-      - function: take_first
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-    ignore_case: true
-    ignore_punctuation: true
-"""
-CHOICE = f"""task: lb_choice
-output_type: multiple_choice
-doc_to_choice: {json.dumps(LABELS)}
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-  - metric: acc_norm
-    aggregation: mean
-    higher_is_better: true
-"""
+GENERATION = {  # LegalBench's: greedy up to a line break, the first word, compared ignoring case and punctuation
+    "output_type": "generate_until",
+    "doc_to_target": "{{answer}}",
+    "generation_kwargs": {"until": ["\n"], "do_sample": False, "temperature": 0.0, "max_gen_toks": 1},
+    "filter_list": FIRST_ANSWER,
+    "metric_list": metrics("exact_match", ignore_case=True, ignore_punctuation=True),
+}
+CHOICE = {
+    "output_type": "multiple_choice",
+    "doc_to_choice": LABELS,
+    "doc_to_target": "{{answer}}",
+    "metric_list": metrics("acc", "acc_norm"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +66,20 @@ def tasks(tmp_path_factory):
             last = answer if rng.random() < 0.5 else rng.choice(WORDS)
             rows.append({"text": " ".join([*rng.choices(WORDS, k=rng.randint(3, 8)), last]), "answer": answer})
         (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    for name, body in (("lb_generate", GENERATION), ("lb_choice", CHOICE)):
-        (folder / f"{name}.yaml").write_text(COMMON.format(folder=folder) + body)
+    files = {split: folder / f"{split}.jsonl" for split in ("train", "test")}
+    for name, fields in (("lb_generate", GENERATION), ("lb_choice", CHOICE)):
+        # LegalBench's layout: an instruction, few-shot examples from the train split (5 unless overridden)
+        task = local_task(
+            name,
+            files,
+            fewshot_split="train",
+            num_fewshot=5,
+            description="w1 w2 w3\n\n",
+            doc_to_text="{{text}}",
+            target_delimiter=" ",
+            **fields,
+        )
+        (folder / f"{name}.yaml").write_text(task)
     return folder
 
 
