@@ -9,8 +9,9 @@ The run's config is the record with each resume's changes applied. On the comman
 a run continues that config, changed only where its overrides say (`restore`); the trainer then checks what a resume
 changes (`note_start`). A resume may change how the run goes on (train.steps to extend it, train.log_every, logger,
 eval.*), but not the model or the token stream its checkpoints were trained on: a changed model.* setting (other than
-`WEIGHT_NEUTRAL`) or data.* setting (other than `STREAM_NEUTRAL`) is refused with one line naming the keys. Hydra's `.hydra/` holds the config
-each launch ran with, rewritten by every launch; config.yaml is the run's own and a resume never rewrites it.
+`WEIGHT_NEUTRAL`) or data.* setting (other than `STREAM_NEUTRAL`) is refused with one line naming the keys.
+Hydra's `.hydra/` holds the config each launch ran with, rewritten by every launch; config.yaml is the run's own and a
+resume never rewrites it.
 """
 
 from __future__ import annotations
