@@ -141,8 +141,11 @@ def flash_attn_varlen_func(
     return (out, lse, None) if return_attn_probs else out
 
 
-def _resolve_backend(backend: str | None, need_lse: bool, batch: AttentionBatch) -> Backend:
-    """The backend to run: argument > environment variable > set_backend(); "auto" resolved; the choice checked."""
+def _resolve_backend(
+    backend: str | None, need_lse: bool, batch: AttentionBatch, lse_arg: str = "return_attn_probs"
+) -> Backend:
+    """The backend to run: argument > environment variable > set_backend(); "auto" resolved; the choice checked.
+    `lse_arg` names the caller's argument that asks for the logsumexp, for the error a backend without one raises."""
     if backend is not None:
         name = _check_backend(backend, "backend")
     elif os.environ.get(BACKEND_ENV):
@@ -153,7 +156,7 @@ def _resolve_backend(backend: str | None, need_lse: bool, batch: AttentionBatch)
     chosen.check(batch)
     if need_lse and not chosen.returns_lse:
         raise ValueError(
-            f"return_attn_probs: the {chosen.name} backend has no logsumexp, expected False (or backend='reference')"
+            f"{lse_arg}: the {chosen.name} backend has no logsumexp, expected False (or backend='reference')"
         )
     return chosen
 
@@ -182,30 +185,34 @@ def _check_backend(name: str, source: str) -> str:
     return name
 
 
-def _check_rank(q: Tensor, k: Tensor, v: Tensor, rank: int, layout: str) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
+def _check_rank(
+    q: Tensor, k: Tensor, v: Tensor, rank: int, layout: str, names: tuple[str, str, str] = ("q", "k", "v")
+) -> None:
+    for name, x in zip(names, (q, k, v), strict=True):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.dim() != rank:
             raise ValueError(f"{name}: expected a {rank}-D tensor {layout}, got shape {tuple(x.shape)}")
 
 
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    """dtype, device and head layout of q (..., H, D), k and v (..., Hk, D); the leading dims are checked by callers."""
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, names: tuple[str, str] = ("k", "v")) -> None:
+    """dtype, device and head layout of q (..., H, D), k and v (..., Hk, D); the leading dims are checked by callers.
+    `names`: what the caller calls k and v."""
     if q.dtype not in _DTYPES:
         raise ValueError(f"q: expected dtype float32, bfloat16 or float16, got {q.dtype}")
-    for name, x in (("k", k), ("v", v)):
+    k_name, v_name = names
+    for name, x in zip(names, (k, v), strict=True):
         if x.dtype != q.dtype:
             raise ValueError(f"{name}: expected dtype {q.dtype} (same as q), got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"{name}: expected device {q.device} (same as q), got {x.device}")
     if v.shape != k.shape:
-        raise ValueError(f"v: expected shape {tuple(k.shape)} (same as k), got {tuple(v.shape)}")
+        raise ValueError(f"{v_name}: expected shape {tuple(k.shape)} (same as {k_name}), got {tuple(v.shape)}")
     heads, kv_heads = q.shape[-2], k.shape[-2]
     if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k: expected head_dim {q.shape[-1]} (same as q), got {k.shape[-1]}")
+        raise ValueError(f"{k_name}: expected head_dim {q.shape[-1]} (same as q), got {k.shape[-1]}")
     if kv_heads == 0 or heads % kv_heads != 0:
-        raise ValueError(f"k: expected a number of heads that divides q's {heads} (GQA/MQA), got {kv_heads}")
+        raise ValueError(f"{k_name}: expected a number of heads that divides q's {heads} (GQA/MQA), got {kv_heads}")
 
 
 def _check_cu_seqlens(q: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int) -> None:

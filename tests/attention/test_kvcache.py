@@ -1,0 +1,233 @@
+"""flash_attn_with_kvcache against the float64 oracle: flash-attn 2.x's signature, the in-place append, every mask
+option, cache rows, left padding, rows that see no key, and bad input refused before any compute."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from attention_helpers import naive_attention
+
+from legalpt.attention import backends, flash_attn_with_kvcache
+
+FLASH_ATTN_WITH_KVCACHE = {
+    "q": inspect.Parameter.empty, "k_cache": inspect.Parameter.empty, "v_cache": inspect.Parameter.empty,
+    "k": None, "v": None, "rotary_cos": None, "rotary_sin": None, "cache_seqlens": None, "cache_batch_idx": None,
+    "cache_leftpad": None, "block_table": None, "softmax_scale": None, "causal": False, "window_size": (-1, -1),
+    "softcap": 0.0, "rotary_interleaved": True, "alibi_slopes": None, "num_splits": 0, "return_softmax_lse": False,
+}  # fmt: skip
+BATCH, CACHE_ROWS, SEQLEN_CACHE, HEADS, KV_HEADS, HEAD_DIM = 3, 5, 113, 6, 2, 16
+
+
+def test_signature_is_flash_attn_2_plus_keyword_backend():
+    params = list(inspect.signature(flash_attn_with_kvcache).parameters.values())
+    assert [p.name for p in params[:-1]] == list(FLASH_ATTN_WITH_KVCACHE)
+    assert {p.name: p.default for p in params[:-1]} == FLASH_ATTN_WITH_KVCACHE
+    assert params[-1].name == "backend" and params[-1].default is None
+    assert params[-1].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def make_inputs(
+    seqlen_q: int, new: int, rows: str, heads=HEADS, kv_heads=KV_HEADS, dtype=torch.float32, device="cpu"
+) -> dict:
+    """Random q, caches and new keys; slots the call must not read hold NaN (so a stray read shows), and so do the
+    slots the new keys go to (so a missed write shows). Entry 0 holds no cached key."""
+    cache_rows = CACHE_ROWS if rows == "batch_idx" else BATCH
+    seqlens = torch.randint(0, SEQLEN_CACHE - new + 1, (BATCH,), dtype=torch.int32)
+    seqlens[0] = 0
+    leftpad = (torch.rand(BATCH) * (seqlens + 1)).int().clamp(max=seqlens) if rows == "leftpad" else None
+    batch_idx = torch.randperm(CACHE_ROWS)[:BATCH].int() if rows == "batch_idx" else None
+    k_cache, v_cache = (torch.randn(cache_rows, SEQLEN_CACHE, kv_heads, HEAD_DIM, dtype=dtype) for _ in range(2))
+    for b in range(BATCH):
+        row = b if batch_idx is None else int(batch_idx[b])
+        first = 0 if leftpad is None else int(leftpad[b])
+        for cache in (k_cache, v_cache):
+            cache[row, :first] = float("nan")
+            cache[row, int(seqlens[b]) :] = float("nan")
+    args = {
+        "q": torch.randn(BATCH, seqlen_q, heads, HEAD_DIM, dtype=dtype),
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "k": torch.randn(BATCH, new, kv_heads, HEAD_DIM, dtype=dtype) if new else None,
+        "v": torch.randn(BATCH, new, kv_heads, HEAD_DIM, dtype=dtype) if new else None,
+        "cache_seqlens": seqlens,
+        "cache_batch_idx": batch_idx,
+        "cache_leftpad": leftpad,
+    }
+    return {name: x.to(device) if isinstance(x, torch.Tensor) else x for name, x in args.items()}
+
+
+def expected(args: dict, **options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, k_cache, v_cache) after the call, written out entry by entry: the new keys appended at
+    cache_seqlens, then float64 attention over the visible slots of each entry's cache row."""
+    k_cache, v_cache = args["k_cache"].clone(), args["v_cache"].clone()
+    outs, lses = [], []
+    for b in range(args["q"].shape[0]):
+        row = b if args["cache_batch_idx"] is None else int(args["cache_batch_idx"][b])
+        end = int(args["cache_seqlens"][b])
+        if args["k"] is not None:
+            new = args["k"].shape[1]
+            k_cache[row, end : end + new] = args["k"][b]
+            v_cache[row, end : end + new] = args["v"][b]
+            end += new
+        first = 0 if args["cache_leftpad"] is None else int(args["cache_leftpad"][b])
+        keys, values = k_cache[row, first:end], v_cache[row, first:end]
+        out, lse = naive_attention(args["q"][b : b + 1], keys[None], values[None], **options)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses), k_cache, v_cache
+
+
+def assert_same_cache(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("rows", ["plain", "batch_idx", "leftpad"])
+@pytest.mark.parametrize("seqlen_q", [1, 5])
+@pytest.mark.parametrize("new", [0, 1, 4])
+@pytest.mark.parametrize("softcap", [0.0, 2.5])
+@pytest.mark.parametrize("window", [(-1, -1), (3, 0), (2, 5)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_float64_oracle(causal, window, softcap, new, seqlen_q, rows, rng):
+    args = make_inputs(seqlen_q, new, rows)
+    options = {"causal": causal, "window_size": window, "softcap": softcap}
+    out_want, lse_want, k_want, v_want = expected(args, causal=causal, window=window, softcap=softcap)
+    out, lse = flash_attn_with_kvcache(**args, **options, return_softmax_lse=True, backend="reference")
+    assert out.shape == args["q"].shape and lse.shape == (BATCH, HEADS, seqlen_q) and lse.dtype == torch.float32
+    assert not out.isnan().any() and not lse.isnan().any()
+    torch.testing.assert_close(out.double(), out_want, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), lse_want, atol=2e-5, rtol=1e-5)
+    assert_same_cache(args["k_cache"], k_want)
+    assert_same_cache(args["v_cache"], v_want)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 1), (8, 2)])  # MHA, MQA, GQA
+def test_any_head_ratio_and_softmax_scale(heads, kv_heads, rng):
+    args = make_inputs(3, 2, "plain", heads=heads, kv_heads=kv_heads)
+    out_want, lse_want, *_ = expected(args, causal=True, softmax_scale=0.3)
+    out, lse = flash_attn_with_kvcache(**args, causal=True, softmax_scale=0.3, return_softmax_lse=True)
+    torch.testing.assert_close(out.double(), out_want, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), lse_want, atol=2e-5, rtol=1e-5)
+
+
+def test_int_cache_seqlens_equals_the_tensor_and_none_means_the_whole_cache(rng):
+    q, k_cache, v_cache = torch.randn(2, 1, 4, 8), torch.randn(2, 9, 1, 8), torch.randn(2, 9, 1, 8)
+    k, v = torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1, 8)
+    as_int = flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, cache_seqlens=7, causal=True)
+    lens = torch.full((2,), 7, dtype=torch.int32)
+    as_tensor = flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, cache_seqlens=lens, causal=True)
+    torch.testing.assert_close(as_int, as_tensor, rtol=0, atol=0)
+    whole, _ = naive_attention(q, k_cache, v_cache)
+    torch.testing.assert_close(flash_attn_with_kvcache(q, k_cache, v_cache).double(), whole, atol=2e-5, rtol=1e-5)
+
+
+def test_entry_without_keys_gives_zero_and_minus_infinity(rng):
+    q, k_cache, v_cache = torch.randn(2, 3, 2, 8), torch.randn(2, 4, 2, 8), torch.randn(2, 4, 2, 8)
+    seqlens = torch.tensor([0, 4], dtype=torch.int32)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, return_softmax_lse=True)
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.equal(lse[0], torch.full_like(lse[0], -torch.inf))
+    assert torch.isfinite(out).all() and torch.isfinite(lse[1]).all()
+
+
+def test_many_queries_over_few_keys_see_only_the_keys_before_them(rng):
+    """Sq > keys with causal (chunked prefill over a short cache): the first queries see nothing."""
+    q, k_cache, v_cache = torch.randn(1, 6, 2, 8), torch.randn(1, 8, 2, 8), torch.randn(1, 8, 2, 8)
+    k, v = torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=1, causal=True, return_softmax_lse=True)
+    assert torch.equal(out[0, :3], torch.zeros_like(out[0, :3])) and (lse[0, :, :3] == -torch.inf).all()
+    want, _ = naive_attention(q, k_cache[:, :3], v_cache[:, :3], causal=True)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-5)
+
+
+def _good() -> dict:
+    return {
+        "q": torch.randn(2, 1, 4, 8),
+        "k_cache": torch.randn(2, 10, 2, 8),
+        "v_cache": torch.randn(2, 10, 2, 8),
+        "k": torch.randn(2, 1, 2, 8),
+        "v": torch.randn(2, 1, 2, 8),
+        "cache_seqlens": torch.tensor([3, 9], dtype=torch.int32),
+    }
+
+
+def _i32(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+BAD = {
+    "q-rank": ("q", {"q": torch.randn(2, 4, 8)}),
+    "q-dtype": ("q", {"q": torch.randn(2, 1, 4, 8).double()}),
+    "cache-dtype": ("k_cache", {"k_cache": torch.randn(2, 10, 2, 8).half()}),
+    "cache-heads": ("k_cache", {"k_cache": torch.randn(2, 10, 3, 8), "v_cache": torch.randn(2, 10, 3, 8)}),
+    "cache-head-dim": ("k_cache", {"k_cache": torch.randn(2, 10, 2, 4), "v_cache": torch.randn(2, 10, 2, 4)}),
+    "v-cache-shape": ("v_cache", {"v_cache": torch.randn(2, 11, 2, 8)}),
+    "cache-batch": ("k_cache", {"k_cache": torch.randn(3, 10, 2, 8), "v_cache": torch.randn(3, 10, 2, 8)}),
+    "k-without-v": ("v", {"v": None}),
+    "k-shape": ("k", {"k": torch.randn(2, 1, 1, 8), "v": torch.randn(2, 1, 1, 8)}),
+    "k-dtype": ("k", {"k": torch.randn(2, 1, 2, 8).half()}),
+    "v-shape": ("v", {"v": torch.randn(2, 2, 2, 8)}),
+    "seqlens-missing": ("cache_seqlens", {"cache_seqlens": None}),
+    "seqlens-dtype": ("cache_seqlens", {"cache_seqlens": torch.tensor([3, 9])}),
+    "seqlens-shape": ("cache_seqlens", {"cache_seqlens": _i32(3)}),
+    "seqlens-type": ("cache_seqlens", {"cache_seqlens": 3.0}),
+    "overflow": ("cache_seqlens", {"cache_seqlens": _i32(3, 10)}),
+    "overflow-int": ("cache_seqlens", {"cache_seqlens": 10}),
+    "seqlens-negative": ("cache_seqlens", {"cache_seqlens": _i32(-1, 3)}),
+    "batch-idx-range": ("cache_batch_idx", {"cache_batch_idx": _i32(0, 2)}),
+    "batch-idx-dtype": ("cache_batch_idx", {"cache_batch_idx": torch.tensor([0, 1])}),
+    "leftpad-past-seqlens": ("cache_leftpad", {"cache_leftpad": _i32(4, 0)}),
+    "rotary": ("rotary_cos", {"rotary_cos": torch.randn(16, 4), "rotary_sin": torch.randn(16, 4)}),
+    "paged": ("block_table", {"block_table": _i32(0, 1)[:, None]}),
+    "alibi": ("alibi_slopes", {"alibi_slopes": torch.ones(4)}),
+    "window": ("window_size", {"window_size": (-2, 0)}),
+    "softcap": ("softcap", {"softcap": -1.0}),
+    "num-splits": ("num_splits", {"num_splits": -1}),
+    "lse-flag": ("return_softmax_lse", {"return_softmax_lse": 1}),
+    "backend": ("backend", {"backend": "nope"}),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_raises_naming_the_argument_before_any_compute(case, monkeypatch):
+    name, overrides = BAD[case]
+    args = {**_good(), **overrides}
+    caches = args["k_cache"].clone(), args["v_cache"].clone()
+
+    def unreachable(backend):
+        raise AssertionError(f"a backend ({backend}) was reached on invalid input")
+
+    monkeypatch.setattr(backends, "get", unreachable)
+    with pytest.raises((ValueError, TypeError), match=f"^{name}:"):
+        flash_attn_with_kvcache(**args)
+    assert_same_cache(args["k_cache"], caches[0])
+    assert_same_cache(args["v_cache"], caches[1])
+
+
+@pytest.mark.parametrize(("backend", "name"), [("sdpa", "return_softmax_lse"), ("fa2", "backend")])
+def test_a_backend_that_refuses_the_call_leaves_the_cache_untouched(backend, name):
+    """sdpa has no logsumexp; fa2 needs a GPU and half precision: both refuse after the checks, before the append."""
+    args = _good()
+    caches = args["k_cache"].clone(), args["v_cache"].clone()
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        flash_attn_with_kvcache(**args, return_softmax_lse=backend == "sdpa", backend=backend)
+    assert_same_cache(args["k_cache"], caches[0])
+    assert_same_cache(args["v_cache"], caches[1])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows", ["plain", "batch_idx", "leftpad"])
+@pytest.mark.parametrize("seqlen_q", [1, 5])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_matches_reference(causal, seqlen_q, rows, rng):
+    """The kernels (auto: fa3 or fa2) through the gathered varlen batch, bf16, against the reference on the same
+    inputs; the caches must end bit-identical."""
+    args = make_inputs(seqlen_q, 2, rows, dtype=torch.bfloat16, device="cuda")
+    ref_args = {name: x.clone() if isinstance(x, torch.Tensor) else x for name, x in args.items()}
+    options = {"causal": causal, "window_size": (40, 0) if causal else (-1, -1), "return_softmax_lse": True}
+    out, lse = flash_attn_with_kvcache(**args, **options, backend="auto")
+    out_ref, lse_ref = flash_attn_with_kvcache(**ref_args, **options, backend="reference")
+    torch.testing.assert_close(out, out_ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, lse_ref, atol=1e-2, rtol=1e-3)
+    assert_same_cache(args["k_cache"], ref_args["k_cache"])
+    assert_same_cache(args["v_cache"], ref_args["v_cache"])
