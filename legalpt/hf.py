@@ -5,9 +5,12 @@
 - a mask function (`AttentionMaskInterface`) that builds no dense mask. Causal and sliding-window masking are the
   kernel's `causal` and `window_size` arguments, so the mask only says which key slots hold real tokens: a (B, L)
   bool tensor, or None when every slot does.
-- an attention function (`AttentionInterface`) that calls `flash_attn_func`, or `flash_attn_varlen_func` when a row
-  holds padding or several documents:
-    * padding (batched generation, padded batches): only real tokens are gathered, each row's forming one varlen
+- an attention function (`AttentionInterface`) that calls `flash_attn_func`, `flash_attn_with_kvcache` for queries
+  past a left-padded cache, or `flash_attn_varlen_func` when a row holds other padding or several documents:
+    * decoding with a cache (queries fewer than keys) whose padding comes first in every row, as `generate` pads:
+      the keys of each row from its first real slot (`cache_leftpad`), no gather of the queries (inference only:
+      the function has no backward, as in flash-attn);
+    * other padding (padded batches, prefill): only real tokens are gathered, each row's forming one varlen
       document; pad queries get output 0;
     * packing: `cu_seq_lens_q/k` (and `max_length_q/k`) keyword arguments, indexing the batch flattened as in
       transformers' `FlashAttentionKwargs`; or `position_ids` that restart inside a row, where a token starts a
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 
-from legalpt.attention import flash_attn_func, flash_attn_varlen_func
+from legalpt.attention import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 NAME = "legalpt"  # no "flash" in it: transformers sends such names to its hub-kernel loader
 
@@ -151,9 +154,28 @@ def _attend(
         if mask is None and starts is None:
             return flash_attn_func(q, k, v, **options)
         return _varlen(q, k, v, mask, mask, starts, options)
-    if mask is None:  # decoding past a cache without padding
+    if mask is None:  # decoding past a cache without padding: the cache's own layout, nothing gathered
         return flash_attn_func(q, k, v, **options)
+    pads = _left_padding(mask, q_len) if options["dropout_p"] == 0 and not q.requires_grad else None
+    if pads is not None:
+        return _over_cache(q, k, v, pads, options)
     return _varlen(q, k, v, mask[:, k_len - q_len :], mask, None, options)  # query i sits in key slot k_len - q_len + i
+
+
+def _left_padding(mask: torch.Tensor, q_len: int) -> torch.Tensor | None:
+    """Padding slots per row, int32 (B,), when every row's padding comes first (as `generate` pads) and no query
+    slot (the last q_len) is padding; else None. One host sync."""
+    pads = (~mask).sum(1)  # (B,)
+    slots = torch.arange(mask.shape[1], device=mask.device)
+    left = (mask == (slots >= pads[:, None])).all() & (pads.max() <= mask.shape[1] - q_len)
+    return pads.to(torch.int32) if bool(left) else None
+
+
+def _over_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pads: torch.Tensor, options: dict) -> torch.Tensor:
+    """Queries past a left-padded cache: the cache is read where it lies, from each row's first real slot; the
+    queries need no gather and the output no scatter. transformers has already appended the new keys."""
+    options = {name: value for name, value in options.items() if name != "dropout_p"}
+    return flash_attn_with_kvcache(q, k, v, cache_seqlens=k.shape[1], cache_leftpad=pads, **options)
 
 
 def _restarts(position_ids: torch.Tensor | None, batch: int, length: int) -> torch.Tensor | None:

@@ -245,14 +245,46 @@ def generate(model, implementation: str, input_ids, mask, **kwargs):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("cache_implementation", ["dynamic", "static"])
-def test_greedy_generation_with_cache_matches_sdpa(arch, cache_implementation, make_model):
+@pytest.mark.parametrize("lengths", [[11, 5], [9, 9]])  # left-padded, and without padding
+def test_greedy_generation_with_cache_matches_sdpa_and_eager(
+    arch, cache_implementation, lengths, make_model, monkeypatch
+):
     model = make_model(arch)
-    input_ids, mask = padded_batch([11, 5], "left")
+    input_ids, mask = padded_batch(lengths, "left")
     kwargs = {"pad_token_id": 0, "eos_token_id": None, "cache_implementation": cache_implementation}
+    over_cache = []
+    real = legalpt.hf.flash_attn_with_kvcache
+    monkeypatch.setattr(legalpt.hf, "flash_attn_with_kvcache", lambda *a, **kw: over_cache.append(1) or real(*a, **kw))
     ours, our_scores = generate(model, NAME, input_ids, mask, **kwargs)
-    expected, scores = generate(model, "sdpa", input_ids, mask, **kwargs)
-    torch.testing.assert_close(our_scores, scores, atol=2e-5, rtol=1e-4)
-    assert torch.equal(ours, expected)
+    for reference in ("sdpa", "eager"):
+        expected, scores = generate(model, reference, input_ids, mask, **kwargs)
+        torch.testing.assert_close(our_scores, scores, atol=2e-5, rtol=1e-4, msg=reference)
+        assert torch.equal(ours, expected), reference
+    # Padding gives decoding a key mask, so it reads the cache in place (sliding-window caches drop the padded slots
+    # once the window passes them, and then need none); a dynamic cache without padding has no mask, and
+    # flash_attn_func reads it. Static caches' empty slots give a mask depending on the cache's layer kind.
+    padded = lengths[0] != lengths[1]
+    assert bool(over_cache) if padded else (cache_implementation == "static" or not over_cache)
+
+
+@pytest.mark.parametrize(("hole", "over_cache"), [(False, 1), (True, 0)])
+def test_decoding_reads_a_left_padded_cache_in_place_and_gathers_around_a_hole(hole, over_cache, monkeypatch):
+    """One query per row past a GQA cache of 12 slots, row 0 left-padded by 4 and row 1 (with `hole`) missing slots
+    3 and 4: equal to sdpa over the real slots, through flash_attn_with_kvcache only when all padding comes first."""
+    q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 12, 8), torch.randn(2, 2, 12, 8)  # (B, H, S, D)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[0, :4] = False
+    mask[1, 3:5] = not hole
+    calls = []
+    real = legalpt.hf.flash_attn_with_kvcache
+    monkeypatch.setattr(legalpt.hf, "flash_attn_with_kvcache", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    module = torch.nn.Module()
+    out, _ = legalpt.hf.attention_forward(module, q, k, v, mask, scaling=0.3, is_causal=True)  # (B, 1, H, D)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask[:, None, None], scale=0.3, enable_gqa=True
+    )
+    torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
+    assert len(calls) == over_cache
 
 
 def test_unsupported_inputs_raise(make_model):
