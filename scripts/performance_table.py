@@ -164,6 +164,53 @@ def data_preparation() -> list[str]:
     return lines
 
 
+def cleaning() -> list[str]:
+    """Page-furniture precision and recall on the labelled set, and citations kept (`scripts/bench_cleaning.py`)."""
+    lines = ["## Cleaning on a labelled set (`scripts/bench_cleaning.py`)", ""]
+    for path, record in records("cleaning"):
+        h, citations = record["header"], record["citations"]
+        lines += [
+            f"Real documents from `{h['data']}` and synthetic paginated ones, every line labelled furniture or text. "
+            f"{provenance(h, path)}",
+            "",
+            *commands(h),
+            "| set | documents | lines | furniture precision | furniture recall | text lines dropped |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, part in record["furniture"].items():
+            lines.append(
+                f"| {name} | {part['documents']} | {part['lines']:,} | {part['precision']:.2%} | "
+                f"{part['recall']:.2%} | {part['text_dropped']} |"
+            )
+        kept = ", ".join(f"{name} {c['kept']}/{c['before']}" for name, c in citations.items())
+        added = sum(len(c["added"]) for c in citations.values())
+        lines += ["", f"Citations kept through cleaning: {kept}; citations added: {added}.", ""]
+    return lines
+
+
+def finetuning() -> list[str]:
+    """Held-out response loss before and after SFT, full and LoRA (`scripts/bench_finetune.py`)."""
+    lines = ["## Supervised fine-tuning on the legal instruction set (`scripts/bench_finetune.py`)", ""]
+    for path, record in records("finetune"):
+        h = record["header"]
+        lines += [
+            f"Preset `{h['model']}`, {h['steps']} steps of batch {h['batch_size']} at seq_len {h['seq_len']}. "
+            f"{provenance(h, path)}",
+            "",
+            *commands(h),
+            "| method | trained / all parameters | held-out response loss before → after | tokens/s | peak GiB |",
+            "|---|---|---|---|---|",
+        ]
+        for name, m in record["methods"].items():
+            peak = f"{m['peak_gib']:.1f}" if m["peak_gib"] is not None else ""
+            lines.append(
+                f"| {name} | {m['trained']:,} / {m['parameters']:,} | {m['before']['loss']:.4f} → "
+                f"{m['after']['loss']:.4f} | {m['tokens_per_s']:,.0f} | {peak} |"
+            )
+        lines.append("")
+    return lines
+
+
 def streaming_memory(part: dict) -> list[str]:
     """Peak memory of streaming prepare as the input grows (the `streaming_memory` part of a data record)."""
     h = part["header"]
@@ -303,6 +350,8 @@ def main() -> None:
         *default_runs(),
         *generation(),
         *data_preparation(),
+        *cleaning(),
+        *finetuning(),
     ]
     OUT.write_text("\n".join(text).rstrip() + "\n")
     print(f"wrote {OUT} ({OUT.stat().st_size:,} bytes)")
