@@ -5,14 +5,15 @@ Layout of a run folder:
                                (+ data_state_rank<r>.json: each rank's position in a data stream, when streaming)
                                + COMPLETE, written last; under FSDP2 the model and optimizer are sharded
                                torch.distributed.checkpoint folders (pytorch_model_fsdp_0/, optimizer_0/), each rank
-                               writing and reading its own shards
+                               writing and reading its own shards; a LoRA run's model state is its adapters alone,
+                               with lora_base.json, the identity of the frozen base (legalpt.train.lora.FrozenBase)
     hf/                        `save_pretrained` model + tokenizer: a standard HF folder anyone can load
 
 A save writes `step_000100.partial/`, flushes every file to the disk, writes the COMPLETE marker and only then renames
 the folder, so a crash, a full disk or a kill mid-save never damages the checkpoints that were already there. Before
-writing, the free space is checked against the previous checkpoint's size (the parameter and optimizer state bytes for
-the first); a full disk or an unwritable folder stops the run with one line (`CheckpointError`) naming the folder, the
-space needed and free. Resuming skips, with a warning, folders that are not complete checkpoints: leftover
+writing, the free space is checked against the previous checkpoint's size (the trainable parameter and optimizer state
+bytes for the first); a full disk or an unwritable folder stops the run with one line (`CheckpointError`) naming the
+folder, the space needed and free. Resuming skips, with a warning, folders that are not complete checkpoints: leftover
 `.partial` folders, folders without the marker, and unreadable trainer states.
 """
 
@@ -25,6 +26,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,10 +35,12 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object
 
 from legalpt.runtime import export_dir
+from legalpt.train.lora import FrozenBase
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"  # step and token count next to accelerate's files
+BASE_FILE = "lora_base.json"  # a LoRA checkpoint's record of the frozen base its adapters were trained over
 MARKER = "COMPLETE"  # written last, once every file of the checkpoint is on the disk
 PARTIAL = ".partial"  # suffix of a checkpoint folder while it is being written
 STEP_FOLDER = re.compile(r"step_(\d+)((?:\.partial)?)")
@@ -120,10 +124,12 @@ def resolve_resume(resume: str, run_dir: Path) -> Path | None:
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the parameters and the optimizer state (whole, also when sharded): a checkpoint's size before any
-    checkpoint of the run can tell."""
+    """Bytes of the trainable parameters and the optimizer state (whole, also when sharded): a checkpoint's size
+    before any checkpoint of the run can tell. A LoRA checkpoint leaves the frozen base out; without adapters every
+    parameter trains."""
+    trained = [p for p in model.parameters() if p.requires_grad]
     state = [t for per_param in optimizer.state.values() for t in per_param.values() if torch.is_tensor(t)]
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *state])
+    return sum(t.numel() * t.element_size() for t in [*trained, *state])
 
 
 def save_checkpoint(
@@ -134,10 +140,12 @@ def save_checkpoint(
     keep: int,
     data_state: dict | None = None,
     first_size: int = 0,
+    frozen: FrozenBase | None = None,
 ) -> Path:
     """Save a resumable state for `step` (with this rank's `data_state`, a stream's `state_dict()`, if given), then
     drop all but the newest `keep` (>= 1) complete checkpoints. `first_size` estimates the bytes of a run's first
-    checkpoint (`state_bytes`); a later one is expected as large as the previous one.
+    checkpoint (`state_bytes`); a later one is expected as large as the previous one. With `frozen` (a LoRA run) the
+    checkpoint holds the trainable parameters alone and records the base's identity.
 
     Every rank calls this. On a full disk or an unwritable folder every rank raises CheckpointError, with the .partial
     folder removed and the earlier checkpoints untouched."""
@@ -145,7 +153,10 @@ def save_checkpoint(
     [save] = broadcast_object_list([Save.plan(run_dir, step, first_size) if main else None])  # rank 0 reads the disk
 
     def write() -> None:
-        accelerator.save_state(str(save.partial))
+        with frozen.left_out() if frozen is not None else nullcontext():
+            accelerator.save_state(str(save.partial))
+        if frozen is not None and main:
+            (save.partial / BASE_FILE).write_text(json.dumps(frozen.identity))
         if data_state is not None:
             data_state_file(save.partial, accelerator.process_index).write_text(json.dumps(data_state))
 
@@ -282,11 +293,30 @@ def fsync(path: Path) -> None:
         os.close(fd)
 
 
-def load_checkpoint(accelerator: Accelerator, path: Path) -> tuple[int, int]:
-    """Restore model, optimizer, scheduler and RNG; return (step, tokens) to continue from."""
+def load_checkpoint(accelerator: Accelerator, path: Path, frozen: FrozenBase | None = None) -> tuple[int, int]:
+    """Restore model, optimizer, scheduler and RNG; return (step, tokens) to continue from. With `frozen` (a LoRA run)
+    the checkpoint holds the adapters alone, and the base the model was loaded with must be the one it records."""
     step, tokens = read_state(path)
-    accelerator.load_state(str(path))
+    if frozen is not None:
+        check_base(path, frozen)
+    with frozen.left_out() if frozen is not None else nullcontext():
+        accelerator.load_state(str(path))
     return step, tokens
+
+
+def check_base(path: Path, frozen: FrozenBase) -> None:
+    """CheckpointError unless the LoRA checkpoint at `path` records `frozen` as its base: its adapters were trained
+    over those weights, and resuming them over others would silently train another model."""
+    file = path / BASE_FILE
+    try:
+        recorded = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{file}: unreadable record of the LoRA base ({error})") from None
+    if changes := frozen.changes(recorded):
+        raise CheckpointError(
+            f"train.resume: {path} holds LoRA adapters of model.pretrained={frozen.pretrained!r} as the run started, "
+            f"which has changed since ({'; '.join(changes)}); restore that base or train in a new train.output_dir"
+        )
 
 
 def data_state_file(path: Path, rank: int) -> Path:

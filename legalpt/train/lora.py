@@ -9,8 +9,11 @@ forwards (legalpt.train.activations, .loss, .compile): peft calls the HF model's
 layers sit inside the decoder layers, which patched and compiled forwards look up at call time. Checkpointing is
 non-reentrant, so no input has to require grad (peft's `enable_input_require_grads` serves reentrant checkpoints).
 DDP all-reduces the parameters that require grad; FSDP2 shards every parameter on its own, so a decoder layer's unit
-holds frozen and trainable ones side by side (FSDP1 needed `use_orig_params` for that). accelerate's `save_state`
-stores the wrapped model whole, so a resumed run continues exactly as a full fine-tuning one does.
+holds frozen and trainable ones side by side (FSDP1 needed `use_orig_params` for that).
+
+Training checkpoints leave the frozen base out (`FrozenBase`): accelerate's `save_state` and `load_state` see a model
+state dict of the adapters alone (optimizer, scheduler and RNG states as ever), and a resume loads the base from
+`model.pretrained` again, after checking that it is the checkpoint the run started from (`base_identity`).
 
 `export_adapters` writes, by `train.lora.export`, the adapters merged into a plain HF folder (`hf/`, as any run's
 export: transformers alone loads it, legalpt-eval reads it) and/or peft's adapter folder (`adapter/`: adapter
@@ -20,13 +23,18 @@ weights and `adapter_config.json` naming `model.pretrained` as the base, for `Pe
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import peft
 import torch
 from accelerate import Accelerator, init_empty_weights
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import CONFIG_NAME, cached_file
 
 from legalpt.config import LORA_EXPORTS, LoraConfig
 from legalpt.runtime import export_dir
@@ -34,6 +42,7 @@ from legalpt.runtime import export_dir
 log = logging.getLogger(__name__)
 
 ADAPTER_DIR = "adapter"  # the run folder's peft adapter folder (train.lora.export=adapter or both)
+WEIGHT_FILES = (".safetensors", ".bin", ".index.json")  # how a checkpoint's weight files and shard indexes end
 
 
 def adapter_dir(run_dir: Path) -> Path:
@@ -114,3 +123,72 @@ def _copy_on_cpu(model: peft.PeftModel, state_dict: dict[str, torch.Tensor]) -> 
     clone.load_state_dict(state_dict, assign=True)
     clone.get_base_model().tie_weights()  # a gathered state dict holds a copy per tied name
     return clone
+
+
+def base_identity(pretrained: str) -> dict:
+    """What identifies the checkpoint `pretrained` (a folder, or a hub name resolved to its cached snapshot): its
+    folder, a hash of its config.json, and the size and modification time of each weight file. Hashing the weights
+    themselves would read gigabytes at every save and resume; rewriting a file changes its time."""
+    config = Path(cached_file(pretrained, CONFIG_NAME))
+    weights = sorted(path for path in config.parent.iterdir() if path.name.endswith(WEIGHT_FILES))
+    return {
+        "folder": str(config.parent.resolve()),
+        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
+        "weights": {path.name: [path.stat().st_size, path.stat().st_mtime_ns] for path in weights},
+    }
+
+
+@dataclass
+class FrozenBase:
+    """The frozen base of a LoRA run, which its training checkpoints leave out: they hold the adapters and the base's
+    identity, and a resume takes the base from `model.pretrained` again."""
+
+    model: peft.PeftModel  # unwrapped: accelerate saves DDP's inner model, and FSDP2's is the PeftModel itself
+    pretrained: str
+    identity: dict  # `base_identity(pretrained)` when the run loaded it
+
+    @classmethod
+    def of(cls, model: peft.PeftModel, pretrained: str) -> FrozenBase:
+        return cls(model, pretrained, base_identity(pretrained))
+
+    def changes(self, recorded: dict) -> list[str]:
+        """How the base differs from the one `recorded` (an `identity` of the run's start), in words; [] if not."""
+        keys = sorted(recorded.keys() | self.identity.keys())
+        return [f"{key} {recorded.get(key)} → {self.identity.get(key)}" for key in keys
+                if recorded.get(key) != self.identity.get(key)]  # fmt: skip
+
+    @contextmanager
+    def left_out(self) -> Iterator[None]:
+        """While open, the model's state dict holds its trainable parameters alone, and loading one lacking the frozen
+        entries is not an error: accelerate's save_state and load_state then write and read the adapters alone, as
+        a plain or DDP state dict in model.safetensors or, under FSDP2, sharded through torch.distributed.checkpoint
+        (whose state dicts start from the model's own)."""
+        # Tied copies of a weight, which named_parameters lists once, are frozen base weights.
+        trainable = {name for name, p in self.model.named_parameters() if p.requires_grad}
+        prefixes = []  # the model's place in the state dict being loaded: '' or, inside a wrapper, its name + '.'
+
+        def is_frozen(key: str, prefix: str) -> bool:
+            return key.startswith(prefix) and key[len(prefix) :] not in trainable
+
+        def keep_trainable(module, state_dict, prefix, local_metadata) -> None:
+            for key in [key for key in state_dict if is_frozen(key, prefix)]:
+                del state_dict[key]
+
+        def note_prefix(module, state_dict, prefix, *args) -> None:
+            prefixes.append(prefix)
+
+        def forgive_frozen(module, incompatible) -> None:
+            prefix = prefixes.pop()
+            # in place: load_state_dict and safetensors' load_model (strict) read these very lists afterwards
+            incompatible.missing_keys[:] = [key for key in incompatible.missing_keys if not is_frozen(key, prefix)]
+
+        hooks = [
+            self.model.register_state_dict_post_hook(keep_trainable),
+            self.model.register_load_state_dict_pre_hook(note_prefix),
+            self.model.register_load_state_dict_post_hook(forgive_frozen),
+        ]
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()

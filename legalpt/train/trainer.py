@@ -43,7 +43,7 @@ from legalpt.train.compile import compile_decoder_layers, report_first_step
 from legalpt.train.distributed import build_accelerator, in_lockstep, prepare_model_and_optimizer
 from legalpt.train.interrupt import StopSignals
 from legalpt.train.live_eval import LiveEval
-from legalpt.train.lora import add_adapters, export_adapters
+from legalpt.train.lora import FrozenBase, add_adapters, export_adapters
 from legalpt.train.loss import use_chunked_loss
 from legalpt.train.metrics import ModelFlops, Throughput, device_peak
 from legalpt.train.optim import build_optimizer, build_scheduler
@@ -193,10 +193,12 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     scheduler = build_scheduler(optimizer, tc)
     model, optimizer = prepare_model_and_optimizer(accelerator, model, optimizer, tc)
     accelerator.register_for_checkpointing(scheduler)
+    # a LoRA run's checkpoints leave its frozen base out: a resume loads it from model.pretrained, checked unchanged
+    frozen = FrozenBase.of(accelerator.unwrap_model(model), cfg.model.pretrained) if tc.lora.enabled else None
 
     step, tokens = 0, 0
     if (resume_from := resolve_resume(tc.resume, run_dir)) is not None:
-        step, tokens = load_checkpoint(accelerator, resume_from)
+        step, tokens = load_checkpoint(accelerator, resume_from, frozen)
         if streaming:  # the stream continues after the last batch of that step
             data.train.load_state_dict(load_data_state(resume_from, accelerator.process_index))
         log.info("resumed from %s at step %d", resume_from, step)
@@ -278,7 +280,9 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
                     data_state = data.train.state_dict() if streaming else None
                     size = state_bytes(model, optimizer)  # what a first checkpoint will take
                     keep = tc.keep_checkpoints
-                    result.checkpoint = save_checkpoint(accelerator, run_dir, step, tokens, keep, data_state, size)
+                    result.checkpoint = save_checkpoint(
+                        accelerator, run_dir, step, tokens, keep, data_state, size, frozen
+                    )
             if result.stopped_by:
                 break
     bar.close()

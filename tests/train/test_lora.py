@@ -1,8 +1,10 @@
 """LoRA through peft (`train.lora`): the config's checks, frozen base and adapter count, the same gradients under
-activation checkpointing, the chunked loss and torch.compile, exact resume, and both exports loaded without legalpt
-(the merged folder by transformers alone, the adapter folder by peft over the base checkpoint)."""
+activation checkpointing, the chunked loss and torch.compile, checkpoints of the adapters alone, exact resume over an
+unchanged base, and both exports loaded without legalpt (the merged folder by transformers alone, the adapter folder
+by peft over the base checkpoint)."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from safetensors.torch import load_file
 from test_distributed import launch_two_cpu_processes, logged
 from torch._dynamo.backends.registry import lookup_backend
 from torch._dynamo.utils import counters
+from torch.distributed.checkpoint import FileSystemReader
 from train_helpers import tiny_overrides
 from transformers import AutoModelForCausalLM
 
@@ -24,7 +27,7 @@ from legalpt.data.pipeline import prepare
 from legalpt.eval.run import evaluate
 from legalpt.model import build_model
 from legalpt.train.activations import apply_activation_checkpointing
-from legalpt.train.checkpoint import latest_checkpoint
+from legalpt.train.checkpoint import CheckpointError, folder_bytes, latest_checkpoint, state_bytes
 from legalpt.train.compile import compile_decoder_layers, graph_breaks
 from legalpt.train.lora import adapter_dir, add_adapters
 from legalpt.train.loss import use_chunked_loss
@@ -34,6 +37,11 @@ from legalpt.train.optim import build_optimizer
 HIDDEN, KV, MLP, LAYERS = 64, 2 * 16, 128, 2
 PROJECTIONS = {"q_proj": (HIDDEN, HIDDEN), "k_proj": (HIDDEN, KV), "v_proj": (HIDDEN, KV), "o_proj": (HIDDEN, HIDDEN),
                "gate_proj": (HIDDEN, MLP), "up_proj": (HIDDEN, MLP), "down_proj": (MLP, HIDDEN)}  # fmt: skip
+ADAPTERS = 2 * LAYERS * len(PROJECTIONS)  # an A and a B per projection and layer
+ADAPTER_PARAMETERS = LAYERS * sum(4 * (i + o) for i, o in PROJECTIONS.values())  # at r = 4
+# AdamW's state of one run at r = 4: float32 adapters, their two moments, and a float32 step count per adapter
+ADAPTER_STATE_BYTES = 3 * 4 * ADAPTER_PARAMETERS + 4 * ADAPTERS
+CHECKPOINT_OVERHEAD = 64 << 10  # RNG states, scheduler, trainer state, file headers
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +97,36 @@ def test_adapters_alone_train_and_start_from_the_checkpoint(base):
     wrapped = add_adapters(model, LoraConfig(r=4, alpha=8))
     trainable = [(name, p) for name, p in wrapped.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_A." in name or ".lora_B." in name for name, _ in trainable)
-    assert sum(p.numel() for _, p in trainable) == LAYERS * sum(4 * (i + o) for i, o in PROJECTIONS.values())
+    assert sum(p.numel() for _, p in trainable) == ADAPTER_PARAMETERS
     optimized = {id(p) for group in build_optimizer(wrapped, TrainConfig()).param_groups for p in group["params"]}
     assert optimized == {id(p) for _, p in trainable}
     with torch.no_grad():
         torch.testing.assert_close(wrapped(ids).logits, expected, rtol=0, atol=0)
+
+
+def test_the_first_checkpoint_estimate_counts_the_adapters_and_their_adamw_state(base):
+    wrapped = add_adapters(AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, alpha=8))
+    optimizer = build_optimizer(wrapped, TrainConfig())
+    wrapped(torch.randint(3, 400, (2, 24)), labels=torch.randint(3, 400, (2, 24))).loss.backward()
+    optimizer.step()
+    assert state_bytes(wrapped, optimizer) == ADAPTER_STATE_BYTES
+
+
+def assert_holds_the_adapters_alone(checkpoint, base) -> None:
+    """A LoRA checkpoint's model state is the adapters alone, and it records the base it was trained over. Unsharded
+    it is about as large as the adapters and their AdamW state, well below the base's weights; sharded, each tensor's
+    file carries kilobytes of torch.distributed.checkpoint framing, which the tiny adapters do not outweigh."""
+    assert json.loads((checkpoint / "lora_base.json").read_text())["folder"] == str(base.resolve())
+    if (checkpoint / "model.safetensors").is_file():  # one process and DDP
+        saved = load_file(checkpoint / "model.safetensors")
+        shapes = {name: tensor.shape for name, tensor in saved.items()}
+        assert ADAPTER_STATE_BYTES <= folder_bytes(checkpoint) <= ADAPTER_STATE_BYTES + CHECKPOINT_OVERHEAD
+        assert folder_bytes(checkpoint) < (base / "model.safetensors").stat().st_size / 2
+    else:
+        metadata = FileSystemReader(checkpoint / "pytorch_model_fsdp_0").read_metadata().state_dict_metadata
+        shapes = {name: entry.size for name, entry in metadata.items()}
+    assert len(shapes) == ADAPTERS and all(".lora_A." in name or ".lora_B." in name for name in shapes)
+    assert sum(shape.numel() for shape in shapes.values()) == ADAPTER_PARAMETERS
 
 
 def test_a_target_that_names_no_layer_is_named(base):
@@ -165,6 +198,20 @@ def test_resumed_lora_run_equals_uninterrupted_run(tmp_path, base, train_until_f
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
+@pytest.mark.slow
+def test_a_lora_resume_over_a_changed_base_is_refused(tmp_path, base, train_until_first_checkpoint):
+    """The checkpoint holds the adapters alone: resuming them over other base weights would train another model."""
+    changed = shutil.copytree(base, tmp_path / "base")
+    config = compose("train", lora_overrides(tmp_path, changed, f"train.output_dir={tmp_path / 'run'}"))
+    train_until_first_checkpoint(config)
+    assert_holds_the_adapters_alone(latest_checkpoint(tmp_path / "run"), changed)
+    weights = changed / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # rewritten, same size
+    with pytest.raises(CheckpointError, match=r"^train\.resume: .* has changed since \(weights ") as error:
+        trainer.train(config)
+    assert "\n" not in str(error.value)
+
+
 MERGED_LOGITS = """
 import sys
 import torch
@@ -182,7 +229,7 @@ def test_lora_run_exports_a_merged_hf_folder_and_a_peft_adapter(tmp_path, base, 
     result = trainer.train(compose("train", lora_overrides(tmp_path, base, "train.lora.export=both",
                                                            f"train.output_dir={run_dir}")))  # fmt: skip
     assert result.export_dir == run_dir / "hf"
-    assert f"LoRA: training {LAYERS * sum(4 * (i + o) for i, o in PROJECTIONS.values()):,} of" in caplog.text
+    assert f"LoRA: training {ADAPTER_PARAMETERS:,} of" in caplog.text
     assert result.eval_losses[-1][1] < result.eval_losses[0][1]
 
     # The adapter folder: peft over the base checkpoint, which it names.
@@ -232,7 +279,7 @@ def one_process(tmp_path_factory, base):
 @pytest.mark.parametrize("distributed", ["ddp", "fsdp2"])
 def test_lora_on_two_cpu_processes_matches_one_process(tmp_path, base, one_process, distributed):
     """DDP reduces the adapters' gradients; FSDP2 shards layers holding frozen and trainable weights. Either way the
-    run agrees with one process of the same global batch, and (FSDP2) resumes from its sharded checkpoint exactly."""
+    run agrees with one process of the same global batch, checkpoints the adapters alone, and resumes exactly."""
     run_dir = tmp_path / distributed
     settings = ("train.lora.dropout=0", "train.lora.export=adapter", f"train.distributed={distributed}")
     overrides = lora_overrides(tmp_path, base, *settings, f"train.output_dir={run_dir}", rows=1)
@@ -247,8 +294,8 @@ def test_lora_on_two_cpu_processes_matches_one_process(tmp_path, base, one_proce
     assert adapters.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(adapters[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
-    if distributed == "ddp":
-        return
+    assert_holds_the_adapters_alone(latest_checkpoint(run_dir), base)
+    assert_holds_the_adapters_alone(latest_checkpoint(one_process), base)
 
     shutil.rmtree(run_dir / "checkpoints" / "step_000006")
     shutil.move(run_dir / "adapter", tmp_path / "straight")
