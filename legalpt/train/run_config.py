@@ -132,9 +132,11 @@ def note_start(accelerator: Accelerator, run_dir: Path, config: Config) -> None:
 
 
 def _fixed_on_resume(key: str) -> bool:
-    """A setting of the model or of the token stream: what the checkpoints were trained with."""
+    """A setting of the model, of what trains in it, or of the token stream: what the checkpoints were trained with."""
     if key.startswith("model."):
         return key not in WEIGHT_NEUTRAL
+    if key.startswith("train.lora."):  # the adapters a checkpoint holds; only the export's form may change
+        return key != "train.lora.export"
     return key.startswith("data.") and key not in STREAM_NEUTRAL
 
 

@@ -12,7 +12,7 @@ from train_helpers import tiny_overrides as shared_tiny_overrides
 import legalpt.train.trainer as trainer
 from legalpt.config import ConfigError, compose, to_config
 from legalpt.train.checkpoint import latest_checkpoint
-from legalpt.train.run_config import override_paths, restore
+from legalpt.train.run_config import override_paths, restore, resume_overrides
 
 
 def tiny_overrides(tmp_path, *extra: str) -> list[str]:
@@ -86,6 +86,15 @@ def test_a_resume_that_would_change_the_model_or_its_data_is_refused(
     assert str(refused.value).startswith(message.format(run=run_dir.resolve()))
     assert (run_dir / "config.yaml").read_text() == record and not (run_dir / "resumes.jsonl").exists()
     assert latest_checkpoint(run_dir).name == "step_000003"
+
+
+def test_a_resume_may_not_switch_lora_on_or_reshape_it_but_may_change_its_export(tmp_path):
+    before = compose("train", tiny_overrides(tmp_path))
+    for override in ("train.lora.enabled=true", "train.lora.r=4"):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(override.split('=')[0])}: cannot change when resuming"):
+            resume_overrides(tmp_path, before, compose("train", tiny_overrides(tmp_path, override)))
+    after = compose("train", tiny_overrides(tmp_path, "train.lora.export=adapter"))
+    assert resume_overrides(tmp_path, before, after) == {"train.lora.export": "adapter"}
 
 
 def test_a_start_that_never_reached_a_checkpoint_does_not_bind_the_folder(tmp_path):
