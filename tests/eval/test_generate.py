@@ -142,7 +142,7 @@ def test_legalpt_and_sdpa_attention_generate_the_same_tokens(make_model):
 def recording(monkeypatch) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
     """Record (function, q shape, k shape) of every legalpt attention call that transformers makes."""
     calls = []
-    for name in ("flash_attn_func", "flash_attn_varlen_func"):
+    for name in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"):
         original = getattr(legalpt.hf, name)
 
         def wrapped(q, k, *args, _name=name, _original=original, **kwargs):
@@ -162,10 +162,11 @@ def test_prefill_and_every_decode_step_run_legalpt_attention(monkeypatch, make_m
 
     generate(model, tokenizer, [random_prompt(3), random_prompt(9)], cfg, min_new_tokens=steps)
 
-    # Padded batch: varlen over the 12 real prompt tokens, then one query per row over its cached real tokens.
+    # Padded batch: varlen over the 12 real prompt tokens, then one query per row over the left-padded cache where it
+    # lies (9 slots per row after the prompt, one more each step).
     expected = [("flash_attn_varlen_func", (12,), (12,))] * layers
     for step in range(1, steps):
-        expected += [("flash_attn_varlen_func", (2,), (12 + 2 * step,))] * layers
+        expected += [("flash_attn_with_kvcache", (2, 1), (2, 9 + step))] * layers
     assert calls == expected
 
     calls.clear()
