@@ -110,18 +110,19 @@ def resume_overrides(run_dir: Path, before: DictConfig, after: DictConfig | Conf
     return {key: new.get(key) for key in changed}
 
 
-def note_start(accelerator: Accelerator, run_dir: Path, config: Config) -> None:
+def note_start(accelerator: Accelerator, run_dir: Path, config: Config) -> Path | None:
     """Keep the run folder's account of its config. A start with no checkpoint to resume is the run's start: its
     config becomes the record (replacing one of a start that never reached a checkpoint). A resume is checked against
     the run's config (ConfigError on a model or token-stream change) and appends its step and changes to
-    resumes.jsonl; a resume into a folder without a record (train.resume=<another run's checkpoint>) records it."""
+    resumes.jsonl; a resume into a folder without a record (train.resume=<another run's checkpoint>) records it.
+    Returns the checkpoint the run resumes from, None for a start."""
     checkpoint = resolve_resume(config.train.resume, run_dir)
     before = run_config(run_dir) if checkpoint is not None else None
     accelerator.wait_for_everyone()  # every rank has read the folder before rank 0 writes to it
     if before is None:
         if accelerator.is_main_process:
             _write_record(run_dir, config)
-        return
+        return checkpoint
     changes = resume_overrides(run_dir, before, config)
     step, _ = read_state(checkpoint)
     if changes:
@@ -129,6 +130,7 @@ def note_start(accelerator: Accelerator, run_dir: Path, config: Config) -> None:
     if accelerator.is_main_process:
         with (run_dir / RESUMES).open("a") as resumes:
             resumes.write(json.dumps({"step": step, "overrides": changes}) + "\n")
+    return checkpoint
 
 
 def _fixed_on_resume(key: str) -> bool:

@@ -35,7 +35,6 @@ from legalpt.train.checkpoint import (
     export_model,
     load_checkpoint,
     load_data_state,
-    resolve_resume,
     save_checkpoint,
     state_bytes,
 )
@@ -155,12 +154,14 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     log_on_main_process_only(accelerator)
     run_dir = agree_on_run_dir(accelerator, cfg.train.output_dir)
     with file_log(run_dir / "train.log", accelerator.is_main_process):
-        note_start(accelerator, run_dir, cfg)  # the run's config.yaml at its start; a resume is checked and noted
-        return run(cfg, accelerator, run_dir)
+        # the run's config.yaml at its start; a resume is checked and noted
+        resume_from = note_start(accelerator, run_dir, cfg)
+        return run(cfg, accelerator, run_dir, resume_from)
 
 
-def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
-    """The body of `train`, once the accelerator and the run folder exist."""
+def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path | None) -> TrainResult:
+    """The body of `train`, once the accelerator and the run folder exist; `resume_from` is the checkpoint that
+    train.resume names (None: a fresh start)."""
     tc = cfg.train
     set_seed(tc.seed)
 
@@ -197,7 +198,7 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path) -> TrainResult:
     frozen = FrozenBase.of(accelerator.unwrap_model(model), cfg.model.pretrained) if tc.lora.enabled else None
 
     step, tokens = 0, 0
-    if (resume_from := resolve_resume(tc.resume, run_dir)) is not None:
+    if resume_from is not None:
         step, tokens = load_checkpoint(accelerator, resume_from, frozen)
         if streaming:  # the stream continues after the last batch of that step
             data.train.load_state_dict(load_data_state(resume_from, accelerator.process_index))
