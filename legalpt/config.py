@@ -581,11 +581,9 @@ class Config:
             self._validate_lora()
 
     def _validate_live_eval(self) -> None:
-        """The live evaluation reads held-out documents, and each rank runs its share of them on its own."""
+        """The live evaluation reads held-out documents."""
         on = "with train.eval_citations or train.eval_documents > 0"
         _expect(self.data.format == "text", "data.format", f"text {on} (documents to cite from)", self.data.format)
-        _expect(self.train.distributed == "ddp", "train.distributed", f"ddp {on} (an fsdp2 forward needs every rank "
-                "in step, which generation on each rank's share does not keep)", self.train.distributed)  # fmt: skip
         if self.data.streaming:  # the held-out documents are read from the stream up to eval.max_documents
             _expect(self.eval.max_documents > 0, "eval.max_documents", f"an integer >= 1 with data.streaming {on}",
                     self.eval.max_documents)  # fmt: skip

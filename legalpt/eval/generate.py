@@ -62,9 +62,10 @@ def generate(
     seed: int = 0,
     desc: str = "generate",
     min_new_tokens: int = 0,
+    synced: bool = False,
 ) -> list[str]:
     """The new text generated after each prompt, in the order of `prompts` (see `generate_with_stats`)."""
-    return generate_with_stats(model, tokenizer, prompts, cfg, seed, desc, min_new_tokens).texts
+    return generate_with_stats(model, tokenizer, prompts, cfg, seed, desc, min_new_tokens, synced).texts
 
 
 def generate_with_stats(
@@ -75,9 +76,12 @@ def generate_with_stats(
     seed: int = 0,
     desc: str = "generate",
     min_new_tokens: int = 0,
+    synced: bool = False,
 ) -> GenerationResult:
     """Continue each prompt by up to `cfg.max_new_tokens` tokens (at least `min_new_tokens`: eos is held back until
-    then); `desc` labels the progress bar, which shows prompts/s and new tokens/s."""
+    then); `desc` labels the progress bar, which shows prompts/s and new tokens/s. `synced`: every process of the
+    default group calls this with as many batches, and each batch keeps decoding until every process's is done
+    (transformers' `synced_gpus`), as a model sharded by FSDP needs: each of its forwards gathers from all ranks."""
     _check_arguments(prompts, cfg, seed, min_new_tokens)
     if not prompts:
         return GenerationResult([], [], [], [], 0.0)
@@ -96,7 +100,8 @@ def generate_with_stats(
     with _seeded(seed, model.device), _eval_mode(model), progress as bar:
         for first in range(0, len(order), cfg.batch_size):
             batch = order[first : first + cfg.batch_size]
-            for i, row in zip(batch, _generate_batch(model, [ids[i] for i in batch], options), strict=True):
+            rows = _generate_batch(model, [ids[i] for i in batch], options, synced)
+            for i, row in zip(batch, rows, strict=True):
                 new[i] = row
                 produced += len(row)
             bar.update(len(batch))
@@ -169,7 +174,7 @@ def _options(
 
 
 def _generate_batch(
-    model: PreTrainedModel, rows: list[list[int]], options: transformers.GenerationConfig
+    model: PreTrainedModel, rows: list[list[int]], options: transformers.GenerationConfig, synced: bool
 ) -> list[list[int]]:
     """The new tokens of each row, each cut after its first eos."""
     width = max(len(row) for row in rows)
@@ -182,6 +187,7 @@ def _generate_batch(
         input_ids=input_ids.to(model.device),
         attention_mask=attention_mask.to(model.device),
         generation_config=options,
+        synced_gpus=synced,
     )
     return [_until_eos(row, options.eos_token_id) for row in out[:, width:].tolist()]
 

@@ -12,10 +12,12 @@ eval.batch_size). At the last step the numbers are those legalpt-eval reports fo
 The set is built once per process, seeded, so a resume with the same settings scores the same items; it is written to
 <run_dir>/live_eval_set.jsonl in legalpt-eval's eval-set format (`eval.eval_set=` reuses it).
 
-Ranks share items and documents round-robin and sum their totals: every rank reaches the one reduce, whatever its
-share. Each runs its unwrapped model (a DDP forward would wait for the others) without gradients, under training's
-autocast; generation and scoring switch the model to eval mode and back. Training's random states are restored
-afterwards, so turning this on changes no training step.
+Under DDP, ranks share items and documents round-robin and sum their totals: every rank reaches the one reduce,
+whatever its share, and each runs its unwrapped model (a DDP forward would wait for the others). Under FSDP2 every
+forward gathers parameters from all ranks, so every rank scores the whole set, each forward in step with the others:
+the same generation batches, decoded until every rank's batch is done (`generate(synced=True)`), and the same
+perplexity windows. Without gradients, under training's autocast; generation and scoring switch the model to eval mode
+and back. Training's random states are restored afterwards, so turning this on changes no training step.
 """
 
 from __future__ import annotations
@@ -105,11 +107,16 @@ class LiveEval:
 
     def evaluate(self, model: torch.nn.Module, accelerator: Accelerator) -> dict[str, float]:
         """The metrics of `model` (unwrapped) on the set, the same on every rank."""
-        rank, world = accelerator.process_index, accelerator.num_processes
+        sharded = self.cfg.train.distributed == "fsdp2"
+        rank, world = (0, 1) if sharded else (accelerator.process_index, accelerator.num_processes)
         with kept_random_state(accelerator.device), torch.no_grad(), accelerator.autocast():
-            totals = [*self._citation_sums(model, self.items[rank::world]), *self._byte_sums(model, rank, world)]
-        reduced = accelerator.reduce(torch.tensor(totals, dtype=torch.float64, device=accelerator.device), "sum")
-        sums = dict(zip((*LOGGED, "nll", "bytes"), reduced.tolist(), strict=True))
+            synced = sharded and accelerator.num_processes > 1
+            citation_sums = self._citation_sums(model, self.items[rank::world], synced)
+            totals = [*citation_sums, *self._byte_sums(model, rank, world)]
+        totals = torch.tensor(totals, dtype=torch.float64, device=accelerator.device)
+        if world > 1:
+            totals = accelerator.reduce(totals, "sum")
+        sums = dict(zip((*LOGGED, "nll", "bytes"), totals.tolist(), strict=True))
         values = {}
         if self.items:
             values = {f"eval/citation_{name}": sums[name] / len(self.items) for name in LOGGED}
@@ -118,12 +125,13 @@ class LiveEval:
         log.info("live evaluation: %s", ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in values.items()))
         return values
 
-    def _citation_sums(self, model: torch.nn.Module, items: list[citations.CitationItem]) -> list[float]:
-        """Sums over `items` of each LOGGED metric of greedy continuations (zeros for no items)."""
+    def _citation_sums(self, model: torch.nn.Module, items: list[citations.CitationItem], synced: bool) -> list[float]:
+        """Sums over `items` of each LOGGED metric of greedy continuations (zeros for no items); `synced`: decoded in
+        step with the other ranks."""
         e = self.cfg.eval
         greedy = dataclasses.replace(e.generation, do_sample=False)
         prompts = [item.prompt for item in items]
-        texts = generate(model, self.tokenizer, prompts, greedy, e.seed, "live citations") if items else []
+        texts = generate(model, self.tokenizer, prompts, greedy, e.seed, "live citations", synced=synced)
         scores = [citations.score_citation(item, text, self.index) for item, text in zip(items, texts, strict=True)]
         return [sum(score[name] for score in scores) for name in LOGGED]
 

@@ -1,6 +1,6 @@
 """Evaluation during training (legalpt.train.live_eval) on a small corpus of opinions that cite cases: logged at its
 steps, the same items every time, equal to what legalpt-eval reports for the export, training untouched by it, a
-resume scoring the same set, two DDP ranks sharing the work, and the settings it cannot run with named."""
+resume scoring the same set, two DDP or FSDP2 ranks, and the settings it cannot run with named."""
 
 import json
 import os
@@ -189,7 +189,7 @@ def test_citation_metrics_count_what_was_written(corpus, tmp_path, monkeypatch):
     written = {p: (true_text[p], " 999 U.S. 999 (1999).", " the court finds")[i % 3] for i, p in enumerate(prompts)}
     shares = [len(range(k, len(prompts), 3)) / len(prompts) for k in range(3)]  # copied, fabricated, words
 
-    monkeypatch.setattr(live_eval, "generate", lambda model, tokenizer, batch, *args: [written[p] for p in batch])
+    monkeypatch.setattr(live_eval, "generate", lambda model, tokenizer, batch, *_, **__: [written[p] for p in batch])
     values = live.evaluate(model, accelerator)
     assert values["eval/citation_exact"] == pytest.approx(shares[0])
     assert values["eval/citation_well_formed"] == pytest.approx(shares[0] + shares[1])
@@ -242,12 +242,17 @@ def test_a_resume_scores_the_same_set(live_run, corpus, train_until_first_checkp
 
 
 @pytest.mark.slow
-def test_two_ddp_ranks_share_the_set_and_agree_with_one_process(live_run, corpus):
-    """5 items and 3 documents over two CPU processes (gloo): uneven shares, one reduce. Before the first step both
-    runs hold the same initial weights, so the step-0 numbers equal the one-process run's."""
+@pytest.mark.parametrize("distributed", ["ddp", "fsdp2"])
+def test_two_ranks_agree_with_one_process(live_run, corpus, distributed):
+    """5 items and 3 documents over two CPU processes (gloo), one prompt and one window per forward. DDP: uneven
+    shares (3 and 2 items), one reduce. FSDP2: every forward gathers from both ranks, so each rank scores the whole
+    set, forward for forward with the other (shares would leave one rank waiting in a gather the other never makes).
+    Before the first step both runs hold the same initial weights, so the step-0 numbers equal the one-process run's."""
     run_tmp, result, _, _ = live_run
-    run_dir = run_tmp / "ddp"
-    overrides = run_overrides(run_tmp, corpus, "ddp", *LIVE, "train.batch_size=1", "train.steps=2")
+    run_dir = run_tmp / distributed
+    one_per_forward = ("eval.generation.batch_size=1", "eval.batch_size=1")
+    overrides = run_overrides(run_tmp, corpus, distributed, *LIVE, *one_per_forward, "train.batch_size=1",
+                              "train.steps=2", f"train.distributed={distributed}")  # fmt: skip
     script = run_tmp / "legalpt_train.py"
     script.write_text("import sys\nfrom legalpt.cli import train_main\nsys.argv[0] = 'legalpt-train'\ntrain_main()\n")
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
@@ -267,7 +272,6 @@ def test_two_ddp_ranks_share_the_set_and_agree_with_one_process(live_run, corpus
         (["train.eval_citations=-1"], "train.eval_citations"),
         (["train.eval_documents=-1"], "train.eval_documents"),
         (["train.eval_documents_every=-2"], "train.eval_documents_every"),
-        (["train.eval_citations=4", "train.distributed=fsdp2"], "train.distributed"),
         (["train.eval_documents=2", "data=sft_example"], "data.format"),
         (["train.eval_citations=4", "data.streaming=true"], "eval.max_documents"),
     ],
