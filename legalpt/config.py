@@ -43,7 +43,7 @@ EVAL_DOCUMENTS = ("heldout", "all")  # eval.documents: the held-out split | ever
 LOGGERS = ("wandb", "none")  # logger (legalpt.train.tracking)
 DISTRIBUTED = ("ddp", "fsdp2")  # train.distributed (legalpt.train.distributed)
 PRECISIONS = ("autocast", "bf16-fsdp")  # train.precision (legalpt.train.distributed)
-LOSS_IMPLS = ("plain", "chunked")  # train.loss_impl (legalpt.train.loss)
+LOSS_IMPLS = ("plain", "chunked", "fused")  # train.loss_impl (legalpt.train.loss)
 # train.activation_checkpointing (legalpt.train.activations)
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective", "attention")
 # train.compile_mode: torch.compile's modes without CUDA graphs, which record a graph per batch shape, and packed
@@ -394,7 +394,9 @@ class TrainConfig:
     log_every: int = 10  # steps between logged metrics
     peak_tflops: float | None = None  # dense bf16 TFLOP/s of one device for MFU; None = by GPU name (unknown: no MFU)
     seed: int = 0  # seed of initialisation and data order
-    loss_impl: str = "plain"  # plain (HF loss over the full float32 logits) | chunked (loss_chunk_tokens at a time)
+    # plain (HF's loss over the full float32 logits) | chunked (loss_chunk_tokens at a time, recomputed in backward)
+    # | fused (Liger-Kernel's fused linear cross-entropy: no logits kept, no recompute; CUDA, the `fused` extra)
+    loss_impl: str = "plain"
     loss_chunk_tokens: int = 4096  # tokens whose logits loss_impl=chunked holds at once (recomputed in backward)
     # recompute in backward: none | full (every decoder layer) | selective (every checkpoint_every-th layer) |
     # attention (the attention modules only)

@@ -43,7 +43,7 @@ from legalpt.train.distributed import build_accelerator, in_lockstep, prepare_mo
 from legalpt.train.interrupt import StopSignals
 from legalpt.train.live_eval import LiveEval
 from legalpt.train.lora import FrozenBase, add_adapters, export_adapters
-from legalpt.train.loss import use_chunked_loss
+from legalpt.train.loss import use_loss
 from legalpt.train.metrics import ModelFlops, Throughput, device_peak
 from legalpt.train.optim import build_optimizer, build_scheduler
 from legalpt.train.run_config import note_start
@@ -183,8 +183,8 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path 
     log.info("model: %s, %.1fM parameters", cfg.model.pretrained or cfg.model.arch, count_parameters(model) / 1e6)
     # On the plain HF model, so that DDP's and FSDP's wrappers see the recomputing layers and the chunked loss.
     apply_activation_checkpointing(model, tc.activation_checkpointing, tc.checkpoint_every, tc.offload_activations)
-    if tc.loss_impl == "chunked":
-        use_chunked_loss(model, tc.loss_chunk_tokens)
+    if tc.loss_impl != "plain":
+        use_loss(model, tc.loss_impl, tc.loss_chunk_tokens)
     if tc.compile:  # after checkpointing, which runs inside the compiled layers; before DDP's or FSDP's wrappers
         compile_decoder_layers(model, tc.compile_mode)
     if tc.lora.enabled:  # over the patched HF model, whose forward peft calls; the optimizer sees the adapters alone

@@ -30,7 +30,7 @@ from legalpt.train.activations import apply_activation_checkpointing
 from legalpt.train.checkpoint import CheckpointError, folder_bytes, latest_checkpoint, state_bytes
 from legalpt.train.compile import compile_decoder_layers, graph_breaks
 from legalpt.train.lora import adapter_dir, add_adapters
-from legalpt.train.loss import use_chunked_loss
+from legalpt.train.loss import use_loss
 from legalpt.train.optim import build_optimizer
 
 # The tiny preset's shapes (conf/model/tiny.yaml): what each projection maps, in features and out features
@@ -162,7 +162,7 @@ def test_checkpointing_chunked_loss_and_compile_give_the_adapters_eager_gradient
     patches = {
         "full checkpointing": lambda model: apply_activation_checkpointing(model, "full"),
         "attention checkpointing": lambda model: apply_activation_checkpointing(model, "attention"),
-        "chunked loss": lambda model: use_chunked_loss(model, 16),
+        "chunked loss": lambda model: use_loss(model, "chunked", 16),
         "compile": lambda model: compile_decoder_layers(model, backend=lookup_backend("aot_eager")),
     }
     try:

@@ -1,14 +1,24 @@
-"""The chunked loss against HF's own causal-LM loss: values and gradients, ignored tokens, odd chunks, families."""
+"""The chunked and fused losses against HF's own causal-LM loss: values and gradients, ignored tokens, odd chunks,
+families. The fused loss (Liger-Kernel's Triton kernels) runs on a GPU, or on a CPU in Triton's interpreter, which
+must be switched on before Triton is imported: a CPU-only machine runs those tests in a child pytest."""
 
 import copy
+import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
+from train_helpers import tiny_overrides
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from legalpt.config import ConfigError, TrainConfig
+import legalpt.train.loss as loss_module
+import legalpt.train.trainer as trainer
+from legalpt.config import ConfigError, TrainConfig, compose
 from legalpt.data.pack import IGNORE_INDEX, collate_packed
-from legalpt.train.loss import chunked_cross_entropy, use_chunked_loss
+from legalpt.train.loss import chunked_cross_entropy, use_loss
+from legalpt.train.loss import fused_cross_entropy as fused_loss
 
 VOCAB = 97
 
@@ -57,7 +67,7 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_chunked_loss_and_gradients_equal_hf_loss(rng, family, chunk_tokens):
     plain = tiny_model(family)
     chunked = copy.deepcopy(plain)
-    use_chunked_loss(chunked, chunk_tokens)
+    use_loss(chunked, "chunked", chunk_tokens)
     batch = packed_batch(rng)
     targets = (batch["labels"][:, 1:] != IGNORE_INDEX).sum() + 3  # as if other micro-batches held 3 more
 
@@ -75,7 +85,7 @@ def test_chunked_loss_and_gradients_equal_hf_loss(rng, family, chunk_tokens):
 def test_without_num_items_the_loss_is_the_mean_over_targets(rng):
     plain = tiny_model("llama")
     chunked = copy.deepcopy(plain)
-    use_chunked_loss(chunked, 16)
+    use_loss(chunked, "chunked", 16)
     batch = packed_batch(rng)
     torch.testing.assert_close(chunked(**batch).loss, plain(**batch).loss, rtol=1e-6, atol=1e-6)
 
@@ -83,7 +93,7 @@ def test_without_num_items_the_loss_is_the_mean_over_targets(rng):
 def test_evaluation_without_grad_and_generation_without_labels_are_unchanged(rng):
     plain = tiny_model("qwen2").eval()
     chunked = copy.deepcopy(plain)
-    use_chunked_loss(chunked, 8)
+    use_loss(chunked, "chunked", 8)
     batch = packed_batch(rng)
     with torch.no_grad():
         # heldout_loss asks for the summed loss this way
@@ -113,7 +123,7 @@ def test_no_full_logits_are_saved_for_backward(rng):
 
     plain = tiny_model("llama")
     chunked = copy.deepcopy(plain)
-    use_chunked_loss(chunked, chunk)
+    use_loss(chunked, "chunked", chunk)
     assert largest_saved_logits(plain) >= tokens * VOCAB
     assert largest_saved_logits(chunked) <= chunk * VOCAB
 
@@ -144,12 +154,99 @@ def test_families_with_scaled_or_capped_logits_are_refused():
         )
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"train\.loss_impl=chunked .*'gemma2'"):
-        use_chunked_loss(gemma, 16)
+        use_loss(gemma, "chunked", 16)
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("loss_impl", "fused"), ("loss_chunk_tokens", 0), ("activation_checkpointing", "some")]
+    ("field", "value"), [("loss_impl", "cut"), ("loss_chunk_tokens", 0), ("activation_checkpointing", "some")]
 )
 def test_bad_loss_and_checkpointing_values_are_named(field, value):
     with pytest.raises(ConfigError, match=rf"^train\.{field}: expected"):
         TrainConfig(**{field: value}).validate()
+
+
+HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+FUSED_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_fused = pytest.mark.skipif(
+    not HAS_LIGER or not (torch.cuda.is_available() or INTERPRETED),
+    reason="the fused loss needs liger-kernel, and a GPU or TRITON_INTERPRET=1 (see the test that sets it)",
+)
+
+
+@pytest.mark.skipif(not HAS_LIGER or torch.cuda.is_available() or INTERPRETED, reason="the fused tests run directly")
+def test_fused_loss_in_tritons_interpreter_on_a_cpu():
+    """The fused tests below, in a child pytest whose Triton interprets its kernels on the CPU."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    selected = ["-k", "fused and not interpreter", "-m", "not cuda"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, *selected]
+    child = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
+    assert " passed" in child.stdout and "skipped" not in child.stdout, child.stdout[-2000:]
+
+
+@needs_fused
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_fused_loss_and_gradients_equal_hf_loss(rng, family):
+    plain = tiny_model(family).to(FUSED_DEVICE)
+    fused = copy.deepcopy(plain)
+    use_loss(fused, "fused")
+    batch = {k: v.to(FUSED_DEVICE) if torch.is_tensor(v) else v for k, v in packed_batch(rng).items()}
+    targets = (batch["labels"][:, 1:] != IGNORE_INDEX).sum() + 3  # as if other micro-batches held 3 more
+
+    expected = plain(**batch, num_items_in_batch=targets).loss
+    expected.backward()
+    loss = fused(**batch, num_items_in_batch=targets).loss
+    loss.backward()
+
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    fused_grads = grads(fused)
+    for name, grad in grads(plain).items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    with torch.no_grad():  # evaluation: the mean over targets, no gradients computed
+        torch.testing.assert_close(fused(**batch).loss, plain(**batch).loss, rtol=1e-5, atol=1e-6)
+
+
+@needs_fused
+def test_fused_loss_trains_like_the_plain_one(tmp_path, monkeypatch):
+    """`train.loss_impl=fused` through the trainer: the same held-out losses as the default, up to float rounding."""
+    calls = []
+    monkeypatch.setattr(loss_module, "fused_cross_entropy", lambda *args: calls.append(1) or fused_loss(*args))
+    runs = {}
+    for loss_impl in ("plain", "fused"):
+        extra = (f"train.output_dir={tmp_path / loss_impl}", f"train.loss_impl={loss_impl}")
+        runs[loss_impl] = trainer.train(compose("train", tiny_overrides(tmp_path, *extra, steps=4))).eval_losses
+    assert [step for step, _ in runs["fused"]] == [step for step, _ in runs["plain"]] == [0, 2, 4]
+    for (_, loss), (_, expected) in zip(runs["fused"], runs["plain"], strict=True):
+        assert loss == pytest.approx(expected, rel=1e-4)
+    assert len(calls) == 4 + 3 * 2  # a training step each, and 2 held-out batches at each evaluation
+
+
+@pytest.mark.cuda
+@needs_fused
+def test_fused_loss_under_bf16_autocast_matches_the_chunked_loss(rng):
+    """Both multiply by the head in bfloat16 (as autocast does for HF's head) and take the cross-entropy in float32."""
+    chunked = tiny_model("llama").cuda()
+    fused = copy.deepcopy(chunked)
+    use_loss(chunked, "chunked", 16)
+    use_loss(fused, "fused")
+    batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in packed_batch(rng).items()}
+    with torch.autocast("cuda", torch.bfloat16):
+        expected, loss = chunked(**batch).loss, fused(**batch).loss
+    expected.backward()
+    loss.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-3, atol=1e-3)
+    fused_grads = grads(fused)
+    for name, grad in grads(chunked).items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=2e-2, atol=1e-3, msg=name)
+
+
+def test_fused_loss_needs_liger_and_a_device_its_kernels_run_on(monkeypatch):
+    model = tiny_model("llama")  # on the CPU
+    if HAS_LIGER:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        with pytest.raises(ValueError, match=r"^train\.loss_impl=fused runs Liger-Kernel's Triton kernels.* on cpu"):
+            use_loss(model, "fused")
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # import fails, as when it is not installed
+    with pytest.raises(ValueError, match=r"^train\.loss_impl=fused needs Liger-Kernel: pip install"):
+        use_loss(model, "fused")
