@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 from legalpt.config import Config, TrainConfig, to_config
 from legalpt.data.manifest import write_manifest
 from legalpt.data.pack import IGNORE_INDEX, collate_packed
-from legalpt.data.pipeline import format_stats, prepare
-from legalpt.data.stream import format_stream_stats, prepare_stream, stream_batches
+from legalpt.data.pipeline import PreparedData, format_stats, prepare
+from legalpt.data.stream import StreamedData, format_stream_stats, prepare_stream, stream_batches
 from legalpt.eval.perplexity import heldout_loss
 from legalpt.model import build_model, count_parameters
 from legalpt.runtime import agree_on_run_dir, export_dir, log_on_main_process_only
@@ -162,9 +162,32 @@ def train(cfg: DictConfig | Config) -> TrainResult:
 def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path | None) -> TrainResult:
     """The body of `train`, once the accelerator and the run folder exist; `resume_from` is the checkpoint that
     train.resume names (None: a fresh start)."""
-    tc = cfg.train
-    set_seed(tc.seed)
+    set_seed(cfg.train.seed)
+    data = prepare_data(cfg, accelerator, run_dir)
+    training = build_training(cfg, accelerator, run_dir, data)
+    step, tokens = training.resume(resume_from)
+    wandb_dir = start_tracking(
+        accelerator, cfg.logger, cfg.project, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    )
+    metrics = MetricsLog(accelerator, run_dir, start_step=step)
+    result = TrainResult(run_dir, export_dir(run_dir), resume_from, wandb_dir)
+    evals = Evaluations(training, metrics, result)
+    batches = training.batches(step)
+    if step == 0:
+        evals.loss(step)
+        if evals.live is not None:
+            evals.documents(step)
+    train_loop(training, evals, batches, step, tokens)
+    if not result.stopped_by:  # a stopped run is not finished: its resume exports
+        result.export_dir = training.export()
+    accelerator.end_training()
+    report_locations(result)
+    return result
 
+
+def prepare_data(cfg: Config, accelerator: Accelerator, run_dir: Path) -> PreparedData | StreamedData:
+    """Both splits as packed rows (data.streaming: this rank's training stream and the held-out rows), logged; the
+    main process writes the run's data manifest."""
     streaming = cfg.data.streaming
     with accelerator.main_process_first():
         if streaming:
@@ -175,10 +198,17 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path 
     log.info("data\n%s", format_stream_stats(data.stats) if streaming else format_stats(data.stats))
     if accelerator.is_main_process:  # what legalpt-eval keeps out of what it scores
         write_manifest(run_dir, cfg.data, None if streaming else data.train_documents)
+    return data
+
+
+def build_train_model(cfg: Config, data: PreparedData | StreamedData, accelerator: Accelerator) -> torch.nn.Module:
+    """The HF model as it trains, before accelerate wraps it: with train's activation checkpointing, loss,
+    compilation and LoRA adapters, in that order."""
+    tc = cfg.train
     # On the device before the optimizer exists, so AdamW can choose its fused kernel; train mode, since
     # from_pretrained returns a model in eval mode. A checkpoint whose tokenizer data.extend_tokenizer extended gets
     # embedding rows for the added tokens (streaming does not extend).
-    base_tokenizer = None if streaming else data.base_tokenizer
+    base_tokenizer = None if cfg.data.streaming else data.base_tokenizer
     model = build_model(cfg.model, data.tokenizer, base_tokenizer).to(accelerator.device).train()
     log.info("model: %s, %.1fM parameters", cfg.model.pretrained or cfg.model.arch, count_parameters(model) / 1e6)
     # On the plain HF model, so that DDP's and FSDP's wrappers see the recomputing layers and the chunked loss.
@@ -189,56 +219,111 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path 
         compile_decoder_layers(model, tc.compile_mode)
     if tc.lora.enabled:  # over the patched HF model, whose forward peft calls; the optimizer sees the adapters alone
         model = add_adapters(model, tc.lora)
+    return model
 
+
+def build_training(cfg: Config, accelerator: Accelerator, run_dir: Path, data: PreparedData | StreamedData) -> Training:
+    """The model to train, AdamW over its trainable parameters and the warmup/cosine schedule, prepared by accelerate
+    (DDP or FSDP2), the schedule registered for checkpointing."""
+    tc = cfg.train
+    model = build_train_model(cfg, data, accelerator)
     optimizer = build_optimizer(model, tc)
     scheduler = build_scheduler(optimizer, tc)
     model, optimizer = prepare_model_and_optimizer(accelerator, model, optimizer, tc)
     accelerator.register_for_checkpointing(scheduler)
     # a LoRA run's checkpoints leave its frozen base out: a resume loads it from model.pretrained, checked unchanged
     frozen = FrozenBase.of(accelerator.unwrap_model(model), cfg.model.pretrained) if tc.lora.enabled else None
+    return Training(cfg, accelerator, run_dir, data, model, optimizer, scheduler, frozen)
 
-    step, tokens = 0, 0
-    if resume_from is not None:
-        step, tokens = load_checkpoint(accelerator, resume_from, frozen)
-        if streaming:  # the stream continues after the last batch of that step
-            data.train.load_state_dict(load_data_state(resume_from, accelerator.process_index))
-        log.info("resumed from %s at step %d", resume_from, step)
 
-    wandb_dir = start_tracking(
-        accelerator, cfg.logger, cfg.project, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
-    )
-    metrics = MetricsLog(accelerator, run_dir, start_step=step)
-    result = TrainResult(run_dir, export_dir(run_dir), resume_from, wandb_dir)
-    if data.heldout.num_rows == 0:
-        log.warning("the held-out split is empty (too few documents): training runs without evaluation")
+@dataclass
+class Training:
+    """What the steps work on, save and export: the prepared model and optimizer, the schedule, a LoRA run's frozen
+    base (None otherwise) and the training data, with the run's config, accelerator and folder."""
 
-    def evaluate() -> None:
-        if data.heldout.num_rows == 0:
+    cfg: Config
+    accelerator: Accelerator
+    run_dir: Path
+    data: PreparedData | StreamedData
+    model: torch.nn.Module  # accelerate's wrapper (DDP, FSDP2) around the HF model, or peft's around it
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    frozen: FrozenBase | None
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the data is this rank's stream (data.streaming) rather than packed rows in memory."""
+        return self.cfg.data.streaming
+
+    def resume(self, checkpoint: Path | None) -> tuple[int, int]:
+        """(step, tokens) to start from: `checkpoint`'s, with the model, optimizer, schedule, RNG and (streaming) the
+        stream restored from it; (0, 0) without one."""
+        if checkpoint is None:
+            return 0, 0
+        step, tokens = load_checkpoint(self.accelerator, checkpoint, self.frozen)
+        if self.streaming:  # the stream continues after the last batch of that step
+            self.data.train.load_state_dict(load_data_state(checkpoint, self.accelerator.process_index))
+        log.info("resumed from %s at step %d", checkpoint, step)
+        return step, tokens
+
+    def batches(self, step: int) -> Iterator[dict]:
+        """The micro-batches from `step` on: the stream's next ones, or the shuffled rows past the steps done."""
+        tc = self.cfg.train
+        if self.streaming:
+            return stream_batches(self.data.train, tc.batch_size, self.accelerator.device)
+        return micro_batches(self.data.train, tc, self.accelerator, skip=step * tc.grad_accum)
+
+    def save(self, step: int, tokens: int) -> Path:
+        """A resumable checkpoint after `step`, (streaming) the stream's position with it; returns its folder."""
+        data_state = self.data.train.state_dict() if self.streaming else None
+        size = state_bytes(self.model, self.optimizer)  # what a first checkpoint will take
+        keep = self.cfg.train.keep_checkpoints
+        return save_checkpoint(self.accelerator, self.run_dir, step, tokens, keep, data_state, size, self.frozen)
+
+    def export(self) -> Path:
+        """The trained model as HF folders (a LoRA run: its adapters, as train.lora.export says); returns where."""
+        tokenizer, lora = self.data.tokenizer, self.cfg.train.lora
+        if lora.enabled:
+            return export_adapters(self.accelerator, self.model, tokenizer, self.run_dir, lora.export)
+        return export_model(self.accelerator, self.model, tokenizer, self.run_dir)
+
+
+class Evaluations:
+    """The held-out loss and the live evaluation of the model being trained, each logged to the run's metrics; the
+    held-out losses also go to its result."""
+
+    def __init__(self, training: Training, metrics: MetricsLog, result: TrainResult):
+        self.tc, self.accelerator, self.model = training.cfg.train, training.accelerator, training.model
+        self.heldout, self.metrics, self.result = training.data.heldout, metrics, result
+        if self.heldout.num_rows == 0:
+            log.warning("the held-out split is empty (too few documents): training runs without evaluation")
+        # citation completion and bits per byte on held-out documents (train.eval_citations, train.eval_documents)
+        self.live = LiveEval.start(training.cfg, training.data.tokenizer, training.accelerator, training.run_dir)
+
+    def loss(self, step: int) -> None:
+        """Held-out loss and perplexity at `step` over up to train.eval_batches batches; none without held-out rows."""
+        if self.heldout.num_rows == 0:
             return
-        loader = make_loader(data.heldout, tc.batch_size, accelerator, seed=None, even_batches=False)
+        tc, accelerator = self.tc, self.accelerator
+        loader = make_loader(self.heldout, tc.batch_size, accelerator, seed=None, even_batches=False)
         if accelerator.is_fsdp2:  # a sharded forward needs every rank: those with fewer batches run target-free ones
-            loader = in_lockstep(loader, data.heldout, accelerator, tc.eval_batches)
+            loader = in_lockstep(loader, self.heldout, accelerator, tc.eval_batches)
         # Unwrapped: under DDP ranks may see different numbers of batches, and its forward would wait on the others.
-        unwrapped = accelerator.unwrap_model(model)
+        unwrapped = accelerator.unwrap_model(self.model)
         report = heldout_loss(unwrapped, loader, tc.eval_batches, lambda t: accelerator.reduce(t, "sum"))
-        metrics.log(step, {"eval/loss": report["loss"], "eval/perplexity": report["perplexity"]})
-        result.eval_losses.append((step, report["loss"]))
+        self.metrics.log(step, {"eval/loss": report["loss"], "eval/perplexity": report["perplexity"]})
+        self.result.eval_losses.append((step, report["loss"]))
         log.info("step %d: eval loss %.4f, perplexity %.2f", step, report["loss"], report["perplexity"])
 
-    # citation completion and bits per byte on held-out documents (train.eval_citations, train.eval_documents)
-    live = LiveEval.start(cfg, data.tokenizer, accelerator, run_dir)
+    def documents(self, step: int) -> None:
+        """The live evaluation's metrics at `step` (only when self.live is not None)."""
+        self.metrics.log(step, self.live.evaluate(self.accelerator.unwrap_model(self.model), self.accelerator))
 
-    def evaluate_documents() -> None:
-        metrics.log(step, live.evaluate(accelerator.unwrap_model(model), accelerator))
 
-    if streaming:
-        batches = stream_batches(data.train, tc.batch_size, accelerator.device)
-    else:
-        batches = micro_batches(data.train, tc, accelerator, skip=step * tc.grad_accum)
-    if step == 0:
-        evaluate()
-        if live is not None:
-            evaluate_documents()
+def train_loop(training: Training, evals: Evaluations, batches: Iterator[dict], step: int, tokens: int) -> None:
+    """Steps from `step` (`tokens` row slots consumed so far) to train.steps, logging, evaluating and saving on the
+    way; a stop signal ends it once the step it came in is saved (evals.result.stopped_by says which)."""
+    tc, accelerator, model, scheduler = training.cfg.train, training.accelerator, training.model, training.scheduler
     bar = tqdm(total=tc.steps, initial=step, desc="train", disable=not accelerator.is_local_main_process)
     peak = device_peak(accelerator.device, tc.peak_tflops)
     meter = Throughput(ModelFlops.of(accelerator.unwrap_model(model)), peak, accelerator)
@@ -247,7 +332,7 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path 
     with StopSignals(accelerator) as stop:  # SIGINT, SIGTERM: finish the step, save and stop (legalpt.train.interrupt)
         while step < tc.steps:
             started = time.perf_counter()
-            loss, grad_norm, step_tokens = train_step(model, optimizer, batches, tc, accelerator)
+            loss, grad_norm, step_tokens = train_step(model, training.optimizer, batches, tc, accelerator)
             lr = scheduler.get_last_lr()[0]  # the rate this step applied; scheduler.step() sets the next step's
             if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits with the weights
                 scheduler.step()
@@ -256,46 +341,46 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path 
             bar.update()
             compiled = tc.compile and step == first_step + 1
             if compiled or step % tc.log_every == 0 or step == tc.steps:
-                values = {
-                    **meter.read(),  # first: its host sync closes the timed window after the device's queued work
-                    "train/loss": accelerator.reduce(loss, "mean").item(),
-                    "train/lr": lr,
-                    "train/grad_norm": float(grad_norm),
-                    "train/tokens": tokens,  # row slots consumed, padding included: the data position
-                }
+                values = step_values(meter, accelerator, loss, lr, grad_norm, tokens)
                 if compiled:  # the window of this step alone, so that the next ones measure the compiled steady state
                     values["train/compile_s"] = time.perf_counter() - started  # after meter.read()'s host sync
                     report_first_step(step, values["train/compile_s"])
-                metrics.log(step, values)
+                evals.metrics.log(step, values)
                 bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{values['train/tokens_per_s']:.0f}")
-            result.stopped_by = stop.requested()  # every rank asks after every step: all stop after the same one
-            # tokens/s and MFU measure training, not evaluation and saving
-            if not result.stopped_by and (step % tc.eval_every == 0 or step == tc.steps):
-                with meter.paused():
-                    evaluate()
-            if not result.stopped_by and live is not None and live.due(step):
-                with meter.paused():
-                    evaluate_documents()
-            if result.stopped_by or step % tc.save_every == 0 or step == tc.steps:
-                with meter.paused():
-                    data_state = data.train.state_dict() if streaming else None
-                    size = state_bytes(model, optimizer)  # what a first checkpoint will take
-                    keep = tc.keep_checkpoints
-                    result.checkpoint = save_checkpoint(
-                        accelerator, run_dir, step, tokens, keep, data_state, size, frozen
-                    )
-            if result.stopped_by:
+            evals.result.stopped_by = stop.requested()  # every rank asks after every step: all stop after the same one
+            evaluate_and_save(training, evals, meter, step, tokens)
+            if evals.result.stopped_by:
                 break
     bar.close()
 
-    if not result.stopped_by:  # a stopped run is not finished: its resume exports
-        if tc.lora.enabled:
-            result.export_dir = export_adapters(accelerator, model, data.tokenizer, run_dir, tc.lora.export)
-        else:
-            result.export_dir = export_model(accelerator, model, data.tokenizer, run_dir)
-    accelerator.end_training()
-    report_locations(result)
-    return result
+
+def step_values(
+    meter: Throughput, accelerator: Accelerator, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor, tokens: int
+) -> dict[str, float]:
+    """What a logged step reports: the throughput window since the last report, and the step's loss (mean over the
+    ranks), learning rate and gradient norm."""
+    return {
+        **meter.read(),  # first: its host sync closes the timed window after the device's queued work
+        "train/loss": accelerator.reduce(loss, "mean").item(),
+        "train/lr": lr,
+        "train/grad_norm": float(grad_norm),
+        "train/tokens": tokens,  # row slots consumed, padding included: the data position
+    }
+
+
+def evaluate_and_save(training: Training, evals: Evaluations, meter: Throughput, step: int, tokens: int) -> None:
+    """After `step`: the evaluations due, unless a stop signal came; a checkpoint when one is due or one did."""
+    tc, result = training.cfg.train, evals.result
+    # tokens/s and MFU measure training, not evaluation and saving
+    if not result.stopped_by and (step % tc.eval_every == 0 or step == tc.steps):
+        with meter.paused():
+            evals.loss(step)
+    if not result.stopped_by and evals.live is not None and evals.live.due(step):
+        with meter.paused():
+            evals.documents(step)
+    if result.stopped_by or step % tc.save_every == 0 or step == tc.steps:
+        with meter.paused():
+            result.checkpoint = training.save(step, tokens)
 
 
 def report_locations(result: TrainResult) -> None:
