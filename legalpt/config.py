@@ -409,6 +409,9 @@ class TrainConfig:
     # of the parameters compute, float32 master weights and AdamW state, gradients reduced in float32)
     precision: str = "autocast"
     reshard_after_forward: bool = True  # fsdp2: free each layer's gathered parameters after forward (False: keep them)
+    # processes that share each row, its tokens split among them (ring attention: legalpt.train.context); consecutive
+    # ranks form a group, each group one data-parallel replica; 1 = off
+    context_parallel: int = 1
     compile: bool = False  # torch.compile each decoder layer on its own (layers of one shape share its graph)
     compile_mode: str = "default"  # train.compile: default | max-autotune-no-cudagraphs (longer compile, tuned matmuls)
     lora: LoraConfig = field(default_factory=LoraConfig)  # adapters instead of full fine-tuning (train.lora.*)
@@ -431,7 +434,7 @@ class TrainConfig:
         _one_of(f"{key}.mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
         _expect(bool(self.resume), f"{key}.resume", "auto, none or a checkpoint folder", self.resume)
         _one_of(f"{key}.loss_impl", self.loss_impl, LOSS_IMPLS)
-        _at_least(1, self, key, "loss_chunk_tokens", "checkpoint_every")
+        _at_least(1, self, key, "loss_chunk_tokens", "checkpoint_every", "context_parallel")
         _one_of(f"{key}.activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
         _one_of(f"{key}.distributed", self.distributed, DISTRIBUTED)
         _one_of(f"{key}.precision", self.precision, PRECISIONS)
@@ -440,6 +443,8 @@ class TrainConfig:
         if self.compile:  # Dynamo cannot trace save_on_cpu's hooks: each layer would fall back to eager
             _expect(not self.offload_activations, f"{key}.offload_activations", f"false with {key}.compile=true",
                     self.offload_activations)  # fmt: skip
+            _expect(self.context_parallel == 1, f"{key}.context_parallel", f"1 with {key}.compile=true (the ring's "
+                    "point-to-point transfers would break each layer's graph)", self.context_parallel)  # fmt: skip
         if self.precision == "bf16-fsdp":  # FSDP2's MixedPrecisionPolicy casts the parameters; DDP has none
             _expect(self.distributed == "fsdp2", f"{key}.distributed", f"fsdp2 with {key}.precision=bf16-fsdp",
                     self.distributed)  # fmt: skip
@@ -581,6 +586,8 @@ class Config:
             self._validate_live_eval()
         if self.train.lora.enabled:
             self._validate_lora()
+        if self.train.context_parallel > 1:
+            self._validate_context_parallel()
 
     def _validate_live_eval(self) -> None:
         """The live evaluation reads held-out documents."""
@@ -589,6 +596,15 @@ class Config:
         if self.data.streaming:  # the held-out documents are read from the stream up to eval.max_documents
             _expect(self.eval.max_documents > 0, "eval.max_documents", f"an integer >= 1 with data.streaming {on}",
                     self.eval.max_documents)  # fmt: skip
+
+    def _validate_context_parallel(self) -> None:
+        """Ring attention is legalpt's, and every process of a group holds two equal chunks of each row."""
+        cp = self.train.context_parallel
+        on = f"with train.context_parallel={cp}"
+        _expect(self.model.attn_implementation == "legalpt", "model.attn_implementation", f"legalpt {on} (ring "
+                "attention runs on legalpt's backends)", self.model.attn_implementation)  # fmt: skip
+        _expect(self.data.seq_len % (2 * cp) == 0, "data.seq_len", f"a multiple of {2 * cp} {on} (each process holds "
+                "two equal chunks of every row)", self.data.seq_len)  # fmt: skip
 
     def _validate_context(self) -> None:
         """data.seq_len fits the positions the model covers (a checkpoint's are read from its config.json)."""

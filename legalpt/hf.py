@@ -16,6 +16,8 @@
       transformers' `FlashAttentionKwargs`; or `position_ids` that restart inside a row, where a token starts a
       document when its position is not its predecessor's plus one (transformers' own packed-sequence rule).
       Restarts and padding combine: a packed row may also be padded.
+    * context parallelism: a `ring_plan` keyword argument (legalpt.attention.ring) says this process holds a share
+      of one long row, attended over every process of the plan by `ring_flash_attn_varlen_func`.
 
 Sliding window: transformers lets query i see key j when i - sliding_window < j <= i, which is flash-attn's
 `window_size=(sliding_window - 1, 0)` with `causal=True` (and |i - j| <= sliding_window for bidirectional layers).
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
 
 from legalpt.attention import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from legalpt.attention.ring import RingPlan, ring_flash_attn_varlen_func
 
 NAME = "legalpt"  # no "flash" in it: transformers sends such names to its hub-kernel loader
 
@@ -119,6 +122,8 @@ def attention_forward(
         dtype = torch.get_autocast_dtype(query.device.type)
         query, key, value = (x.to(dtype) for x in (query, key, value))
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, S, H, D)
+    if kwargs.get("ring_plan") is not None:  # context parallelism (legalpt.train.context): a share of one long row
+        return _ring(q, k, v, kwargs["ring_plan"], options), None
     if kwargs.get("cu_seq_lens_q") is not None:
         if attention_mask is not None:
             raise ValueError("cu_seq_lens_q: packed sequences cannot be combined with a padding attention_mask")
@@ -126,6 +131,20 @@ def attention_forward(
     if attention_mask is not None:
         k, v = k[:, : attention_mask.shape[1]], v[:, : attention_mask.shape[1]]  # drop empty cache slots
     return _attend(q, k, v, attention_mask, kwargs.get("position_ids"), options), None
+
+
+def _ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: RingPlan, options: dict) -> torch.Tensor:
+    """This process's tokens (1, T / W, H, D) of a row sharded over the processes of `plan`, by ring attention."""
+    if q.shape[0] != 1:
+        raise ValueError(f"ring_plan: expected the batch flattened into one row, got {q.shape[0]} rows")
+    if options["window_size"] != (-1, -1) or options["softcap"] or options["dropout_p"]:
+        raise ValueError(
+            "ring_plan: ring attention takes causal or full attention alone; this layer has a sliding window, softcap "
+            "or dropout"
+        )
+    if options["causal"] != plan.causal:
+        raise ValueError(f"ring_plan: planned with causal={plan.causal}, but the layer is causal={options['causal']}")
+    return ring_flash_attn_varlen_func(q[0], k[0], v[0], plan, softmax_scale=options["softmax_scale"])[None]
 
 
 def _packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict, options: dict) -> torch.Tensor:

@@ -251,6 +251,7 @@ def _merge(out: Tensor, lse: Tensor, part: Tensor, part_lse: Tensor) -> None:
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan: RingPlan, scale: float, backend: KernelBackend):
+        k, v = k.contiguous(), v.contiguous()  # sent whole, point to point
         out = q.new_zeros(q.shape, dtype=torch.float32)  # (T, H, D)
         lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32)  # (H, T)
         ring = _Ring(plan) if plan.world > 1 else None

@@ -35,7 +35,7 @@ import copy
 import hashlib
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,16 +264,20 @@ def _demo_records(num_documents: int, seed: int, min_chars: int) -> Iterator[dic
                "skip": ""}  # fmt: skip
 
 
-def stream_batches(stream: PackedStream, batch_size: int, device: torch.device | str = "cpu") -> Iterator[dict]:
-    """Collated batches (`collate_packed`) of `batch_size` rows on `device`, each pulled from the stream only when
-    asked for: after the k-th batch, `stream.state_dict()` is the position right after it."""
+def stream_batches(
+    stream: PackedStream,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    collate: Callable[[list[dict]], dict] = collate_packed,
+) -> Iterator[dict]:
+    """Collated batches (`collate`: `collate_packed`, or a context-parallel share) of `batch_size` rows on `device`,
+    each pulled from the stream only when asked for: after the k-th batch, `stream.state_dict()` is the position
+    right after it."""
     if batch_size < 1:
         raise ValueError(f"batch_size: expected at least 1 row, got {batch_size}")
     rows = iter(stream)
     while batch := list(itertools.islice(rows, batch_size)):
-        yield {
-            key: value.to(device) if torch.is_tensor(value) else value for key, value in collate_packed(batch).items()
-        }
+        yield {key: value.to(device) if hasattr(value, "to") else value for key, value in collate(batch).items()}
 
 
 @dataclass

@@ -43,15 +43,16 @@ def chunked_cross_entropy(
     labels: torch.Tensor,
     num_items_in_batch: torch.Tensor | int | None = None,
     chunk_tokens: int = 4096,
+    shift_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """HF's causal-LM loss of the logits `head(hidden)`, computed `chunk_tokens` rows at a time.
 
     hidden (B, S, D) last hidden states; labels (B, S), IGNORE_INDEX where no target; position t predicts labels[t+1]
-    of its own row. With grad enabled each chunk is recomputed in backward, so its float32 logits live only while
-    that chunk's loss or gradient is computed."""
+    of its own row (or shift_labels[t], as `next_token_targets` says). With grad enabled each chunk is recomputed in
+    backward, so its float32 logits live only while that chunk's loss or gradient is computed."""
     if chunk_tokens < 1:
         raise ValueError(f"train.loss_chunk_tokens: expected an integer >= 1, got {chunk_tokens}")
-    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].flatten()  # (B*S,)
+    targets = next_token_targets(labels, shift_labels)  # (B*S,)
     rows = hidden.flatten(0, -2)  # (B*S, D)
     chunk_nll = partial(_summed_nll, head)
     if torch.is_grad_enabled():
@@ -68,13 +69,14 @@ def fused_cross_entropy(
     head: torch.nn.Linear,
     labels: torch.Tensor,
     num_items_in_batch: torch.Tensor | int | None = None,
+    shift_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """HF's causal-LM loss of the logits `head(hidden)` by Liger-Kernel's fused linear cross-entropy: shapes as
     `chunked_cross_entropy`. The product runs in autocast's dtype where autocast is on (as `head(hidden)` would),
     with the weight's gradient accumulated in float32."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss  # checked importable by use_loss
 
-    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].flatten()  # (B*S,)
+    targets = next_token_targets(labels, shift_labels)  # (B*S,)
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     rows = hidden.flatten(0, -2).to(dtype)  # (B*S, D)
@@ -84,6 +86,19 @@ def fused_cross_entropy(
     with torch.autocast(device, enabled=False):  # the dtypes are set: autocast would only recast inside the kernel
         nll = loss_fn(weight, rows, targets, bias)
     return _mean(nll, targets, num_items_in_batch)
+
+
+def next_token_targets(labels: torch.Tensor, shift_labels: torch.Tensor | None = None) -> torch.Tensor:
+    """(B*S,) the target of each position: labels[t + 1] of its row (IGNORE_INDEX after the last), or `shift_labels`
+    as given: HF's name for targets shifted already, as context parallelism shifts them before splitting a row."""
+    if shift_labels is not None:
+        return shift_labels.flatten()
+    return F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].flatten()
+
+
+def target_count(batch: dict) -> torch.Tensor:
+    """The positions of a training batch that have a target (a 0-d tensor on its device)."""
+    return (next_token_targets(batch["labels"], batch.get("shift_labels")) != IGNORE_INDEX).sum()
 
 
 def _mean(nll: torch.Tensor, targets: torch.Tensor, num_items_in_batch: torch.Tensor | int | None) -> torch.Tensor:
@@ -153,8 +168,10 @@ def use_loss(model: PreTrainedModel, loss_impl: str, chunk_tokens: int = 4096) -
             # The class's forward, looked up per call: FSDP2 swaps the instance's class for a subclass.
             return type(model).forward(model, input_ids, **kwargs)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        shift_labels = kwargs.pop("shift_labels", None)
         kwargs.setdefault("use_cache", False)  # no cache is returned: building one would only hold every layer's K/V
         hidden = model.get_decoder()(input_ids, **kwargs).last_hidden_state  # (B, S, D)
-        return CausalLMOutputWithPast(loss=loss_fn(hidden, model.get_output_embeddings(), labels, num_items_in_batch))
+        head = model.get_output_embeddings()
+        return CausalLMOutputWithPast(loss=loss_fn(hidden, head, labels, num_items_in_batch, shift_labels=shift_labels))
 
     model.forward = forward

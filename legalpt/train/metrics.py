@@ -122,9 +122,11 @@ class ModelFlops:
         windows = tuple(sliding if kind == "sliding_attention" else None for kind in kinds)
         return cls(matmul_params, num_heads, head_dim, windows, frozen)
 
-    def count(self, batch: dict) -> torch.Tensor:
-        """(2,) int64 on the batch's device: its real tokens, and its visible pairs summed over layers."""
-        lengths = segment_lengths(batch["labels"], batch["cu_seq_lens_q"])  # (n,)
+    def count(self, batch: dict, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """(2,) int64 on the batch's device: its real tokens, and its visible pairs summed over layers; `lengths`:
+        its `segment_lengths` when given (a context-parallel share holds a part of the row's labels only)."""
+        if lengths is None:
+            lengths = segment_lengths(batch["labels"], batch["cu_seq_lens_q"])  # (n,)
         # One count per distinct window, not per layer: a few small kernels per micro-batch, whatever the depth.
         pairs = sum(visible_pairs(lengths, window).sum() * layers for window, layers in Counter(self.windows).items())
         return torch.stack([lengths.sum(), pairs])
@@ -148,9 +150,12 @@ class Throughput:
             log.info("MFU against %s: %.1f TFLOP/s per device", peak.name, peak.tflops)
 
     def counted(self, batches: Iterator[dict]) -> Iterator[dict]:
-        """`batches`, each counted (asynchronously, on its device) as it is handed out."""
+        """`batches`, each counted (asynchronously, on its device) as it is handed out. A batch's `segment_lengths`
+        entry (legalpt.train.context: the row's, on one process of its group, zeros on the others) is taken out of it
+        and counted instead of its labels."""
         for batch in batches:
-            self.counts += self.flops.count(batch).to(self.counts.device, non_blocking=True)
+            lengths = batch.pop("segment_lengths", None)
+            self.counts += self.flops.count(batch, lengths).to(self.counts.device, non_blocking=True)
             yield batch
 
     @contextmanager

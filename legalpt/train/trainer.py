@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from legalpt.config import Config, TrainConfig, to_config
 from legalpt.data.manifest import write_manifest
-from legalpt.data.pack import IGNORE_INDEX, collate_packed
+from legalpt.data.pack import collate_packed
 from legalpt.data.pipeline import PreparedData, format_stats, prepare
 from legalpt.data.stream import StreamedData, format_stream_stats, prepare_stream, stream_batches
 from legalpt.eval.perplexity import heldout_loss
@@ -39,11 +39,12 @@ from legalpt.train.checkpoint import (
     state_bytes,
 )
 from legalpt.train.compile import compile_decoder_layers, report_first_step
+from legalpt.train.context import ContextParallel, data_shard
 from legalpt.train.distributed import build_accelerator, in_lockstep, prepare_model_and_optimizer
 from legalpt.train.interrupt import StopSignals
 from legalpt.train.live_eval import LiveEval
 from legalpt.train.lora import FrozenBase, add_adapters, export_adapters
-from legalpt.train.loss import use_loss
+from legalpt.train.loss import target_count, use_loss
 from legalpt.train.metrics import ModelFlops, Throughput, device_peak
 from legalpt.train.optim import build_optimizer, build_scheduler
 from legalpt.train.run_config import note_start
@@ -65,32 +66,42 @@ class TrainResult:
 
 
 def make_loader(
-    dataset, batch_size: int, accelerator: Accelerator, seed: int | None, even_batches: bool = True
+    dataset,
+    batch_size: int,
+    accelerator: Accelerator,
+    seed: int | None,
+    even_batches: bool = True,
+    context: ContextParallel | None = None,
 ) -> DataLoader:
     """Packed rows → flattened packed batches on this process's device; `seed` shuffles, None keeps order.
 
     `even_batches` pads the last round by repeating early rows so every rank steps together (training); evaluation
-    turns it off so no row is counted twice."""
+    turns it off so no row is counted twice. With `context` the rows are shared by the groups of context
+    parallelism, each process taking its share of its group's batches."""
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    collate = collate_packed if context is None else context.collate
     loader = DataLoader(
-        dataset, batch_size=batch_size, shuffle=seed is not None, generator=generator, collate_fn=collate_packed
+        dataset, batch_size=batch_size, shuffle=seed is not None, generator=generator, collate_fn=collate
     )
+    shard, shards = data_shard(accelerator, context)
     return prepare_data_loader(
         loader,
         device=accelerator.device,
-        num_processes=accelerator.num_processes,
-        process_index=accelerator.process_index,
+        num_processes=shards,
+        process_index=shard,
         put_on_device=True,
         even_batches=even_batches,
     )
 
 
-def micro_batches(dataset, cfg: TrainConfig, accelerator: Accelerator, skip: int) -> Iterator[dict]:
+def micro_batches(
+    dataset, cfg: TrainConfig, accelerator: Accelerator, skip: int, context: ContextParallel | None = None
+) -> Iterator[dict]:
     """Endless micro-batches, reshuffled each epoch with seed + epoch; the first `skip` are passed over on resume,
     so a resumed run sees exactly the batches an uninterrupted run would have seen next."""
     epoch = 0
     while True:
-        loader = make_loader(dataset, cfg.batch_size, accelerator, seed=cfg.seed + epoch)
+        loader = make_loader(dataset, cfg.batch_size, accelerator, seed=cfg.seed + epoch, context=context)
         if skip >= len(loader):
             skip -= len(loader)
         else:
@@ -107,7 +118,7 @@ def train_step(model, optimizer, batches: Iterator[dict], cfg: TrainConfig, acce
     and one with no targets (a row of padding) adds nothing instead of a NaN mean. DDP averages gradients over
     ranks, hence the factor num_processes."""
     micro_batches = [next(batches) for _ in range(cfg.grad_accum)]
-    targets = sum((batch["labels"][:, 1:] != IGNORE_INDEX).sum() for batch in micro_batches)
+    targets = sum(target_count(batch) for batch in micro_batches)
     targets = accelerator.reduce(targets, "sum").clamp(min=1)
     loss_sum = torch.zeros((), device=accelerator.device)
     tokens = 0
@@ -163,8 +174,9 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path 
     """The body of `train`, once the accelerator and the run folder exist; `resume_from` is the checkpoint that
     train.resume names (None: a fresh start)."""
     set_seed(cfg.train.seed)
-    data = prepare_data(cfg, accelerator, run_dir)
-    training = build_training(cfg, accelerator, run_dir, data)
+    context = ContextParallel.start(cfg.train.context_parallel, accelerator)  # None unless train.context_parallel > 1
+    data = prepare_data(cfg, accelerator, run_dir, context)
+    training = build_training(cfg, accelerator, run_dir, data, context)
     step, tokens = training.resume(resume_from)
     wandb_dir = start_tracking(
         accelerator, cfg.logger, cfg.project, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
@@ -185,13 +197,15 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path 
     return result
 
 
-def prepare_data(cfg: Config, accelerator: Accelerator, run_dir: Path) -> PreparedData | StreamedData:
-    """Both splits as packed rows (data.streaming: this rank's training stream and the held-out rows), logged; the
-    main process writes the run's data manifest."""
+def prepare_data(
+    cfg: Config, accelerator: Accelerator, run_dir: Path, context: ContextParallel | None
+) -> PreparedData | StreamedData:
+    """Both splits as packed rows (data.streaming: this rank's training stream, or its context-parallel group's, and
+    the held-out rows), logged; the main process writes the run's data manifest."""
     streaming = cfg.data.streaming
     with accelerator.main_process_first():
         if streaming:
-            rank, world = accelerator.process_index, accelerator.num_processes
+            rank, world = data_shard(accelerator, context)
             data = prepare_stream(cfg.data, cfg.model.pretrained, rank, world)
         else:
             data = prepare(cfg.data, cfg.model.pretrained)
@@ -222,7 +236,13 @@ def build_train_model(cfg: Config, data: PreparedData | StreamedData, accelerato
     return model
 
 
-def build_training(cfg: Config, accelerator: Accelerator, run_dir: Path, data: PreparedData | StreamedData) -> Training:
+def build_training(
+    cfg: Config,
+    accelerator: Accelerator,
+    run_dir: Path,
+    data: PreparedData | StreamedData,
+    context: ContextParallel | None,
+) -> Training:
     """The model to train, AdamW over its trainable parameters and the warmup/cosine schedule, prepared by accelerate
     (DDP or FSDP2), the schedule registered for checkpointing."""
     tc = cfg.train
@@ -233,7 +253,7 @@ def build_training(cfg: Config, accelerator: Accelerator, run_dir: Path, data: P
     accelerator.register_for_checkpointing(scheduler)
     # a LoRA run's checkpoints leave its frozen base out: a resume loads it from model.pretrained, checked unchanged
     frozen = FrozenBase.of(accelerator.unwrap_model(model), cfg.model.pretrained) if tc.lora.enabled else None
-    return Training(cfg, accelerator, run_dir, data, model, optimizer, scheduler, frozen)
+    return Training(cfg, accelerator, run_dir, data, model, optimizer, scheduler, frozen, context)
 
 
 @dataclass
@@ -249,6 +269,7 @@ class Training:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     frozen: FrozenBase | None
+    context: ContextParallel | None  # train.context_parallel's group of this process (None: off)
 
     @property
     def streaming(self) -> bool:
@@ -270,8 +291,9 @@ class Training:
         """The micro-batches from `step` on: the stream's next ones, or the shuffled rows past the steps done."""
         tc = self.cfg.train
         if self.streaming:
-            return stream_batches(self.data.train, tc.batch_size, self.accelerator.device)
-        return micro_batches(self.data.train, tc, self.accelerator, skip=step * tc.grad_accum)
+            collate = collate_packed if self.context is None else self.context.collate
+            return stream_batches(self.data.train, tc.batch_size, self.accelerator.device, collate)
+        return micro_batches(self.data.train, tc, self.accelerator, skip=step * tc.grad_accum, context=self.context)
 
     def save(self, step: int, tokens: int) -> Path:
         """A resumable checkpoint after `step`, (streaming) the stream's position with it; returns its folder."""

@@ -123,7 +123,9 @@ def test_a_resume_continues_the_runs_wandb_run(tmp_path, monkeypatch, train_unti
 
     result = trainer.train(compose("train", tiny_overrides(tmp_path, "logger=wandb")))
     runs = sorted((run_dir / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(run.name.endswith(f"-{run_id}") for run in runs)  # one wandb run, logged twice
+    # one wandb run, logged twice: <time to the second>-<run id>, and "-1" after it when both start in one second
+    named = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-1)?")
+    assert len(runs) == 2 and all(named.fullmatch(run.name) for run in runs), [run.name for run in runs]
     assert result.wandb_dir == str(runs[-1])
 
 
