@@ -22,6 +22,7 @@ says whether every method lowered the held-out response loss.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -85,6 +86,7 @@ def train_run(args: argparse.Namespace, work: Path, overrides: list[str]) -> dic
     """legalpt-train with `overrides`: its export, seconds, and what its metrics.jsonl logged."""
     from legalpt.train.trainer import train
 
+    gc.collect()  # the previous run's model and optimizer, before this run's memory peak is taken
     clock = time.perf_counter()
     result = train(compose("train", [*common(args, work), *overrides]))
     seconds = time.perf_counter() - clock

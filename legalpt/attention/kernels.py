@@ -127,8 +127,10 @@ def padded_head_dim(head_dim: int, built: tuple[int, ...] = build.HEAD_DIMS) -> 
     return next((d for d in built if d >= head_dim), None)
 
 
-@torch.compiler.assume_constant_result  # a constant while torch.compile traces: the GPU and the build
+# Marked inside the cache: Dynamo steps through functools' cache wrapper to the function it wraps, and must find the
+# mark there to take the result as a constant (the GPU and the build) instead of tracing torch.cuda's queries.
 @functools.cache
+@torch.compiler.assume_constant_result
 def unavailable_reason(device: torch.device, head_dim: int, dtype: torch.dtype, sm90: bool) -> str | None:
     """Why the kernels cannot serve inputs of this head dim and dtype on `device` on the sm90 (FA3) or sm80 (FA2)
     path; None when they can. Decided once per argument tuple: it reads the GPU's properties and loads the module."""

@@ -143,6 +143,8 @@ class Throughput:
     def __init__(self, flops: ModelFlops, peak: Peak | None, accelerator: Accelerator):
         self.flops, self.peak, self.accelerator = flops, peak, accelerator
         self.counts = torch.zeros(2, dtype=torch.long, device=accelerator.device)  # real tokens, layer pairs
+        if accelerator.device.type == "cuda":  # peaks of this run, not of the process (a benchmark trains several)
+            torch.cuda.reset_peak_memory_stats(accelerator.device)
         self.start = time.perf_counter()
         if peak is None:
             log.info("MFU not reported: no dense bf16 peak known for %s (set train.peak_tflops)", accelerator.device)

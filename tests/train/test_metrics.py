@@ -138,6 +138,15 @@ def test_throughput_reads_the_window_and_starts_another(packed_batch, monkeypatc
     assert meter.counts.tolist() == [0, 0]
 
 
+@pytest.mark.cuda
+def test_peak_memory_is_this_runs_not_the_processes():
+    """A benchmark trains several runs in one process: an earlier run's peak must not show in a later one's."""
+    earlier = torch.empty(2**30, dtype=torch.uint8, device="cuda")  # 1 GiB, freed before the run starts
+    del earlier
+    meter = Throughput(ModelFlops(1000, 4, 8, (None,)), None, Accelerator())
+    assert meter.read()["train/peak_gib"] < 0.5
+
+
 def test_run_logs_the_applied_lr_and_no_mfu_on_cpu(tmp_path, monkeypatch):
     """The optimizer's own rate, read as each step begins, is the logged one (not the next step's)."""
     applied, build_optimizer = [], trainer.build_optimizer
