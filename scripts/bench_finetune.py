@@ -17,6 +17,8 @@ says whether every method lowered the held-out response loss.
 
     python scripts/bench_finetune.py                                   # CPU: tiny preset, full and LoRA
     python scripts/bench_finetune.py --device cuda --model 125m --pretrain-steps 200 --steps 500 --batch-size 16
+    python scripts/bench_finetune.py --device cuda --model 1b --seq-len 4096 --batch-size 1 \
+        --override train.activation_checkpointing=full                 # both methods with checkpointing
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to train and evaluate")
     parser.add_argument("--work", type=Path, help="folder of the runs (default: a temporary one, removed after)")
     parser.add_argument("--out", type=Path, default=record.RESULTS, help="folder of the JSON record")
+    parser.add_argument("--override", nargs="+", action="extend", default=[],
+                        help="Hydra overrides of every fine-tuning job, the same for each method "
+                        "(e.g. train.activation_checkpointing=full)")  # fmt: skip
     args = parser.parse_args(argv)
     for name in ("pretrain_steps", "steps", "batch_size", "seq_len", "vocab_size"):
         if getattr(args, name) < 1:
@@ -143,12 +148,13 @@ def measure(args: argparse.Namespace, work: Path, argv: list[str] | None) -> dic
         lora = method == "lora"
         run = schedule(args, args.steps, args.lora_lr if lora else args.lr, work / method)
         sft = ["data.format=sft", f"data.paths=[{train_file}]", f"model.pretrained={checkpoint}", *METHODS[method]]
-        tuned = train_run(args, work, [*sft, *run, *(["train.lora.export=both"] if lora else [])])
+        tuned = train_run(args, work, [*sft, *run, *(["train.lora.export=both"] if lora else []), *args.override])
         scored = response_loss(args, work, heldout_file, checkpoint, tuned["export"], method)
         methods[method] = {**scored, **tuned, **parameters(tuned, lora), "lr": args.lora_lr if lora else args.lr}
         methods[method].pop("export")
     head = record.header("finetune", args.device, __file__, argv, model=args.model, steps=args.steps,
-                         batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed)  # fmt: skip
+                         batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
+                         overrides=args.override)  # fmt: skip
     lowered = all(m["after"]["loss"] < m["before"]["loss"] for m in methods.values())
     base.pop("export", None)
     return {"header": head, "instructions": built, "base": base, "methods": methods, "heldout_loss_lowered": lowered}

@@ -16,12 +16,16 @@ def test_the_script_records_heldout_response_loss_before_and_after(bench, tmp_pa
     write_documents(tmp_path / "data", contracts=5, opinions=2)
     argv = ["--data", str(tmp_path / "data"), "--pretrain-steps", "2", "--steps", "3", "--batch-size", "2",
             "--seq-len", "128", "--vocab-size", "300", "--work", str(tmp_path / "work"),
-            "--out", str(tmp_path / "out")]  # fmt: skip
+            "--out", str(tmp_path / "out"), "--override", "train.activation_checkpointing=full"]  # fmt: skip
     assert bench.main(argv) == 0
+    for method in ("full", "lora"):  # the override reaches every fine-tuning run, and not the base's pretraining
+        assert "activation_checkpointing: full" in (tmp_path / "work" / method / "config.yaml").read_text(), method
+    assert "activation_checkpointing: none" in (tmp_path / "work" / "base" / "config.yaml").read_text()
 
     (path,) = (tmp_path / "out").glob("finetune-cpu*-*.json")
     result = json.loads(path.read_text())
     assert result["header"]["benchmark"] == "finetune" and result["header"]["steps"] == 3
+    assert result["header"]["overrides"] == ["train.activation_checkpointing=full"]
     heldout = [json.loads(line) for line in (tmp_path / "work" / "instructions" / "heldout.jsonl").open()]
     assert sum(result["instructions"]["examples"]["heldout"].values()) == len(heldout) > 0
     full, lora = result["methods"]["full"], result["methods"]["lora"]
