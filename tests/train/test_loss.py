@@ -62,20 +62,23 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+def backpropagated_losses(plain: torch.nn.Module, other: torch.nn.Module, batch: dict) -> list[torch.Tensor]:
+    """HF's loss (`plain`) and `other`'s on `batch`, each backpropagated; divided by the batch's targets plus 3, as if
+    other micro-batches held 3 more."""
+    targets = (batch["labels"][:, 1:] != IGNORE_INDEX).sum() + 3
+    losses = [model(**batch, num_items_in_batch=targets).loss for model in (plain, other)]
+    for loss in losses:
+        loss.backward()
+    return losses
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 30, 1000])
 def test_chunked_loss_and_gradients_equal_hf_loss(rng, family, chunk_tokens):
     plain = tiny_model(family)
     chunked = copy.deepcopy(plain)
     use_loss(chunked, "chunked", chunk_tokens)
-    batch = packed_batch(rng)
-    targets = (batch["labels"][:, 1:] != IGNORE_INDEX).sum() + 3  # as if other micro-batches held 3 more
-
-    expected = plain(**batch, num_items_in_batch=targets).loss
-    expected.backward()
-    loss = chunked(**batch, num_items_in_batch=targets).loss
-    loss.backward()
-
+    expected, loss = backpropagated_losses(plain, chunked, packed_batch(rng))
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
     plain_grads, chunked_grads = grads(plain), grads(chunked)
     for name, grad in plain_grads.items():
@@ -192,13 +195,7 @@ def test_fused_loss_and_gradients_equal_hf_loss(rng, family):
     fused = copy.deepcopy(plain)
     use_loss(fused, "fused")
     batch = {k: v.to(FUSED_DEVICE) if torch.is_tensor(v) else v for k, v in packed_batch(rng).items()}
-    targets = (batch["labels"][:, 1:] != IGNORE_INDEX).sum() + 3  # as if other micro-batches held 3 more
-
-    expected = plain(**batch, num_items_in_batch=targets).loss
-    expected.backward()
-    loss = fused(**batch, num_items_in_batch=targets).loss
-    loss.backward()
-
+    expected, loss = backpropagated_losses(plain, fused, batch)
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
     fused_grads = grads(fused)
     for name, grad in grads(plain).items():
