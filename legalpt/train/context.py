@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from accelerate import Accelerator
 
 from legalpt.attention.ring import RingPlan, shard
-from legalpt.data.pack import IGNORE_INDEX, collate_packed
+from legalpt.data.pack import collate_packed
+from legalpt.train.loss import next_token_targets
 from legalpt.train.metrics import segment_lengths
 
 
@@ -60,7 +60,7 @@ class ContextParallel:
         """This process's share of the packed `rows` (on the CPU, in a data loader's workers or the main process)."""
         batch = collate_packed(rows)  # (1, T) each
         cu_seqlens = batch["cu_seq_lens_q"].tolist()
-        shift_labels = F.pad(batch["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)  # (1, T): each position's target
+        shift_labels = next_token_targets(batch["labels"]).view_as(batch["labels"])  # (1, T): each position's target
         first = self.rank == 0  # counts the row's tokens and pairs for the group
         lengths = segment_lengths(batch["labels"], batch["cu_seq_lens_q"])  # (n,)
         plan = RingPlan.build(cu_seqlens, True, self.size, self.rank, torch.device("cpu"), self.group)
