@@ -191,16 +191,19 @@ def ring_flash_attn_varlen_func(
             raise ValueError(f"{name}: expected {local} local tokens (two chunks of the plan), got {x.shape[0]}")
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    chosen = _kernel_backend(backend, q, k, v, plan)
-    out, lse = _RingAttention.apply(q, k, v, plan, float(softmax_scale), chosen)
+    scale = float(softmax_scale)
+    chosen = _kernel_backend(backend, q, k, v, plan, scale)
+    out, lse = _RingAttention.apply(q, k, v, plan, scale, chosen)
     return (out, lse, None) if return_attn_probs else out
 
 
-def _kernel_backend(backend: str | None, q: Tensor, k: Tensor, v: Tensor, plan: RingPlan) -> KernelBackend:
-    """The backend for the plan's calls, checked on the first one; it must have a separate backward."""
-    calls = [call for step in plan.steps for call in step]
-    call = calls[0]
-    batch = _batch(q[call.q_rows], k[call.k_rows], v[call.k_rows], call, q.shape[-1] ** -0.5)
+def _kernel_backend(
+    backend: str | None, q: Tensor, k: Tensor, v: Tensor, plan: RingPlan, scale: float
+) -> KernelBackend:
+    """The backend for the plan's calls, checked on the first one (step 0 always has one: a chunk attends to
+    itself); it must have a separate backward."""
+    call = plan.steps[0][0]
+    batch = _batch(q[call.q_rows], k[call.k_rows], v[call.k_rows], call, scale)
     chosen = api._resolve_backend(backend, False, batch)  # KernelBackends all return the logsumexp
     if not isinstance(chosen, KernelBackend):
         raise ValueError(f"backend: expected reference, fa2 or fa3 for ring attention, got {chosen.name}")
