@@ -414,6 +414,10 @@ class TrainConfig:
     context_parallel: int = 1
     compile: bool = False  # torch.compile each decoder layer on its own (layers of one shape share its graph)
     compile_mode: str = "default"  # train.compile: default | max-autotune-no-cudagraphs (longer compile, tuned matmuls)
+    # torch.profiler over steps profile_start + 1 .. profile_start + profile_steps (legalpt.train.profiling): a trace,
+    # an operator table and where the step's time goes, in <run folder>/profile/; 0 = off
+    profile_steps: int = 0
+    profile_start: int = 3  # steps completed before the profile starts (past warm-up and compilation)
     lora: LoraConfig = field(default_factory=LoraConfig)  # adapters instead of full fine-tuning (train.lora.*)
 
     def validate(self, key: str = "train") -> None:
@@ -422,7 +426,7 @@ class TrainConfig:
         _at_least(1, self, key, "steps", "batch_size", "grad_accum", "eval_every", "save_every", "log_every",
                   "keep_checkpoints")  # fmt: skip
         _at_least(0, self, key, "warmup_steps", "eval_batches", "eval_citations", "eval_documents",
-                  "eval_documents_every")  # fmt: skip
+                  "eval_documents_every", "profile_steps", "profile_start")  # fmt: skip
         _positive(f"{key}.lr", self.lr)
         _expect(0 <= self.min_lr_ratio <= 1, f"{key}.min_lr_ratio", "a number in [0, 1]", self.min_lr_ratio)
         _expect(self.weight_decay >= 0, f"{key}.weight_decay", "a number >= 0", self.weight_decay)
@@ -439,6 +443,10 @@ class TrainConfig:
         _one_of(f"{key}.distributed", self.distributed, DISTRIBUTED)
         _one_of(f"{key}.precision", self.precision, PRECISIONS)
         _one_of(f"{key}.compile_mode", self.compile_mode, COMPILE_MODES)
+        if self.profile_steps:
+            _expect(self.profile_start + self.profile_steps <= self.steps, f"{key}.profile_start",
+                    f"at most train.steps - train.profile_steps = {self.steps - self.profile_steps}",
+                    self.profile_start)  # fmt: skip
         self.lora.validate(f"{key}.lora")
         if self.compile:  # Dynamo cannot trace save_on_cpu's hooks: each layer would fall back to eager
             _expect(not self.offload_activations, f"{key}.offload_activations", f"false with {key}.compile=true",

@@ -47,6 +47,7 @@ from legalpt.train.lora import FrozenBase, add_adapters, export_adapters
 from legalpt.train.loss import target_count, use_loss
 from legalpt.train.metrics import ModelFlops, Throughput, device_peak
 from legalpt.train.optim import build_optimizer, build_scheduler
+from legalpt.train.profiling import StepProfiler
 from legalpt.train.run_config import note_start
 from legalpt.train.tracking import MetricsLog, logged, start_tracking, tracker_name
 
@@ -351,15 +352,18 @@ def train_loop(training: Training, evals: Evaluations, batches: Iterator[dict], 
     meter = Throughput(ModelFlops.of(accelerator.unwrap_model(model)), peak, accelerator)
     batches = meter.counted(batches)  # real tokens and attention pairs, counted on the device
     first_step = step  # with train.compile this process's first step compiles: it gets a window of its own
+    profiler = StepProfiler(training.run_dir / "profile", tc.profile_start, tc.profile_steps, accelerator.process_index)
     with StopSignals(accelerator) as stop:  # SIGINT, SIGTERM: finish the step, save and stop (legalpt.train.interrupt)
         while step < tc.steps:
             started = time.perf_counter()
+            profiler.before_step(step)
             loss, grad_norm, step_tokens = train_step(model, training.optimizer, batches, tc, accelerator)
             lr = scheduler.get_last_lr()[0]  # the rate this step applied; scheduler.step() sets the next step's
             if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits with the weights
                 scheduler.step()
             step += 1
             tokens += step_tokens
+            profiler.after_step(step)
             bar.update()
             compiled = tc.compile and step == first_step + 1
             if compiled or step % tc.log_every == 0 or step == tc.steps:
