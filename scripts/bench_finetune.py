@@ -28,6 +28,7 @@ import gc
 import json
 import logging
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -102,7 +103,8 @@ def train_run(args: argparse.Namespace, work: Path, overrides: list[str]) -> dic
         "seconds": round(seconds, 1),
         "train_loss_first": logged[0]["train/loss"],
         "train_loss_last": logged[-1]["train/loss"],
-        "tokens_per_s": logged[-1]["train/tokens_per_s"],
+        # the median window past the first (allocation, autotuning): one window alone swings with a row's fill
+        "tokens_per_s": statistics.median(row["train/tokens_per_s"] for row in logged[1:] or logged),
         "peak_gib": max((row["train/peak_gib"] for row in logged if "train/peak_gib" in row), default=None),
     }
 
