@@ -506,6 +506,9 @@ class HarnessConfig:
     batch_size: int | None = None  # sequences per forward pass; None = eval.batch_size
     include_path: str | None = None  # folder of your own task YAMLs; a name there overrides the harness's own
     apply_chat_template: bool = False  # wrap prompts in the tokenizer's chat template (instruction-tuned models)
+    # keep every scored example in the report (harness.samples.<task>: prompt, target, answer after the task's
+    # filters, metric values, and the harness's prompt hash, to line up with `lm_eval --log_samples`)
+    log_samples: bool = False
 
     def validate(self, key: str = "eval.harness") -> None:
         """Raise ConfigError at the first bad field."""

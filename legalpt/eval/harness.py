@@ -77,7 +77,7 @@ def run_harness(model, tokenizer, cfg: HarnessConfig, batch_size: int, bootstrap
         num_fewshot=cfg.num_fewshot,
         limit=limit,
         bootstrap_iters=bootstrap,
-        log_samples=False,
+        log_samples=cfg.log_samples,
         apply_chat_template=cfg.apply_chat_template,
         task_manager=task_manager(_include_path(cfg)),
     )
@@ -89,7 +89,27 @@ def run_harness(model, tokenizer, cfg: HarnessConfig, batch_size: int, bootstrap
         "attn_implementation": model.config._attn_implementation,
         "dtype": str(output["config"].get("model_dtype")),
         "tasks": summarize(output),
+        **({"samples": samples(output)} if cfg.log_samples else {}),
     }
+
+
+def samples(output: dict) -> dict[str, list[dict]]:
+    """Per task, each scored example of a `simple_evaluate(log_samples=True)` output: its id, prompt (the first
+    request's context), target, answers after the task's filters, metric values and the harness's prompt hash."""
+    rows = {}
+    for task, logged in output["samples"].items():
+        rows[task] = [
+            {
+                "doc_id": sample["doc_id"],
+                "prompt": sample["arguments"][0][0],
+                "prompt_hash": sample["prompt_hash"],
+                "target": sample["target"],
+                "filtered_resps": sample["filtered_resps"],
+                "metrics": {metric: _plain(sample[metric]) for metric in sample["metrics"]},
+            }
+            for sample in logged
+        ]
+    return rows
 
 
 def summarize(output: dict) -> dict[str, dict]:
@@ -120,6 +140,11 @@ def summarize(output: dict) -> dict[str, dict]:
         if name in output.get("group_subtasks", {}):
             tasks[name]["subtasks"] = list(output["group_subtasks"][name])
     return tasks
+
+
+def _plain(value):
+    """A numpy scalar as the Python number JSON can hold; anything else as it is."""
+    return value.item() if hasattr(value, "item") else value
 
 
 def forgetting(results: dict[str, dict]) -> list[dict]:

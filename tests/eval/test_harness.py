@@ -219,6 +219,27 @@ def test_harness_numbers_equal_direct_loglikelihoods_and_fill_the_report(suite, 
     assert f"| tiny_suite | acc | 0 | {cells[0]} | {cells[1]} | {suite_acc['delta']:+.4g}{worse} |" in md
 
 
+def test_logged_samples_hold_each_prompt_answer_and_score(suite, checkpoints, tmp_path):
+    folder, items = suite
+    overrides = harness_overrides(
+        folder, tmp_path, f"eval.checkpoint={checkpoints / 'new'}", "eval.harness.tasks=[tiny_gen]",
+        f"eval.harness.limit={LIMIT}", "eval.harness.log_samples=true",
+    )  # fmt: skip
+    evaluate(compose("eval", overrides))
+    result = json.loads((tmp_path / "report.json").read_text())["checkpoints"][str(checkpoints / "new")]["harness"]
+    rows = sorted(result["samples"]["tiny_gen"], key=lambda row: row["doc_id"])
+    model, tokenizer = load_eager(checkpoints / "new"), make_tokenizer(bos=True)
+    assert [row["doc_id"] for row in rows] == list(range(LIMIT))
+    for row, item in zip(rows, items["tiny_gen"], strict=False):
+        answer = greedy_answer(model, tokenizer, item["question"])
+        assert row["prompt"] == item["question"] and row["target"] == item["answer"]
+        assert row["filtered_resps"] == [answer.strip()]  # generation stops at NEW_TOKENS, whitespace removed
+        assert row["metrics"] == {"exact_match": float(answer.strip() == item["answer"])}
+    assert result["tasks"]["tiny_gen"]["metrics"]["exact_match,get-answer"] == pytest.approx(
+        statistics.mean(row["metrics"]["exact_match"] for row in rows)
+    )
+
+
 def test_harness_alone_reads_no_corpus(suite, checkpoints, tmp_path):
     folder, _ = suite
     missing = tmp_path / "no_corpus"
