@@ -276,8 +276,15 @@ def stream_batches(
     if batch_size < 1:
         raise ValueError(f"batch_size: expected at least 1 row, got {batch_size}")
     rows = iter(stream)
+    cuda = torch.device(device).type == "cuda"  # pinned and not blocking the host, as the trainer's loader copies
     while batch := list(itertools.islice(rows, batch_size)):
-        yield {key: value.to(device) if hasattr(value, "to") else value for key, value in collate(batch).items()}
+        yield {key: _to(value, device, cuda) for key, value in collate(batch).items()}
+
+
+def _to(value, device: torch.device | str, cuda: bool):
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.pin_memory().to(device, non_blocking=True) if cuda else value.to(device)
 
 
 @dataclass

@@ -81,9 +81,13 @@ def make_loader(
     parallelism, each process taking its share of its group's batches."""
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     collate = collate_packed if context is None else context.collate
+    # on CUDA, batches are collated into pinned memory and copied without blocking the host: a pageable copy would
+    # make the host wait at every step's start, while the device idles until the step's first kernels are queued
+    cuda = accelerator.device.type == "cuda"
     loader = DataLoader(
-        dataset, batch_size=batch_size, shuffle=seed is not None, generator=generator, collate_fn=collate
-    )
+        dataset, batch_size=batch_size, shuffle=seed is not None, generator=generator, collate_fn=collate,
+        pin_memory=cuda,
+    )  # fmt: skip
     shard, shards = data_shard(accelerator, context)
     return prepare_data_loader(
         loader,
@@ -92,6 +96,7 @@ def make_loader(
         process_index=shard,
         put_on_device=True,
         even_batches=even_batches,
+        non_blocking=cuda,
     )
 
 
