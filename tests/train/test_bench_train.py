@@ -38,10 +38,14 @@ class FakeTrainer:
 
     def __init__(self, capacity: dict, speed: dict, fail: str | None = None):
         self.capacity, self.speed, self.fail = capacity, speed, fail
-        self.commands: list[list[str]] = []
+        self.commands: list[list[str]] = []  # legalpt-train's
+        self.prepared: list[list[str]] = []  # legalpt-prepare's
 
     def __call__(self, command, env, timeout, log):
         bench = sys.modules["benchmarking.train.runs"]
+        if Path(command[0]).name == "legalpt-prepare":
+            self.prepared.append(command)
+            return bench.Outcome(0, "prepared\n")
         self.commands.append(command)
         given = dict(arg.split("=", 1) for arg in command if "=" in arg and not arg.startswith("-"))
         attention, seq_len = given["model.attn_implementation"], int(given["data.seq_len"])
@@ -114,6 +118,10 @@ def test_an_oom_is_recorded_and_the_search_brackets_the_capacity(fake_bench, tmp
     assert all(t["steps"] == 2 and t["batch_size"] == 1 for t in tries)
     measured = {(r["attention"], r["seq_len"]) for r in record["rows"]}
     assert not {(t["attention"], t["seq_len"]) for t in tries} & measured  # the rows' jobs are not run again
+    # the data of each seq_len was built once, before its first job, with the jobs' data and model settings
+    seq_lens = [int(c.split("=")[1]) for command in fake.prepared for c in command if c.startswith("data.seq_len=")]
+    assert len(seq_lens) == len(set(seq_lens)) == len({t["seq_len"] for t in [*tries, *record["rows"]]})
+    assert all(c.startswith(("data", "model=")) for command in fake.prepared for c in command[1:])
 
 
 def test_a_merged_part_continues_the_search(fake_bench, tmp_path):

@@ -8,6 +8,9 @@ script runs on trees from before and after the options exist. tokens_per_s and m
 the first `warmup` (train.log_every=1 makes each step its own window), peak_gib the largest peak; a metric the trainer
 does not log (MFU and peak memory on a CPU) is null. oom: the job failed out of memory (CUDA's error, or a SIGKILL, as
 the host's OOM killer sends); error: the last error line of any other failure, or the timeout.
+
+A job's packed data is built before it, untimed, by `legalpt-prepare` (once per data configuration), so that the
+timeout and the first steps measure training alone.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ DOCUMENTS_PER_KIND = 3  # joined documents of each kind (contract, opinion): one
 OPTIONS = ("activation_checkpointing", "loss_impl", "compile")  # train.* options a setting may override
 _OOM = re.compile(r"out of memory|OutOfMemoryError|SIGKILL", re.IGNORECASE)
 _TAIL_CHARS = 20_000  # of a job's output, kept to tell an OOM from another failure
+PREPARE_TIMEOUT_S = 3600  # for legalpt-prepare, which tokenizes and packs before the timed job
 _TERM_GRACE_S = 30  # a timed-out job's seconds between SIGTERM (accelerate passes it on to ranks) and SIGKILL
 
 
@@ -97,11 +101,16 @@ def demo_data(doc_tokens: int) -> list[str]:
     return ["data=demo_long", f"data.synthetic_min_chars={min_chars}", f"data.synthetic_documents={documents}"]
 
 
+def installed(command: str) -> str:
+    """The path of one of legalpt's console scripts."""
+    if (path := shutil.which(command)) is None:
+        raise SystemExit(f"{command} is not on PATH: install the project first (pip install -e .)")
+    return path
+
+
 def launcher(gpus: int) -> list[str]:
     """The command that starts `legalpt-train` on `gpus` GPUs (one process, or accelerate's launcher)."""
-    train = shutil.which("legalpt-train")
-    if train is None:
-        raise SystemExit("legalpt-train is not on PATH: install the project first (pip install -e .)")
+    train = installed("legalpt-train")
     if gpus == 1:
         return [train]
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={gpus}", train]
@@ -119,6 +128,7 @@ class Jobs:
     timeout: float  # seconds a job may run
     runner: Runner = run_process
     peak: dict = field(default_factory=dict)  # what MFU is against, as the jobs logged it: {"name", "tflops"}
+    prepared: set = field(default_factory=set)  # the data configurations legalpt-prepare has built
     _count: itertools.count = field(default_factory=itertools.count)
 
     def plan(self, setting: Setting, seq_len: int, batch_size: int, steps: int, run_dir: Path) -> tuple[list, dict]:
@@ -150,6 +160,7 @@ class Jobs:
         run_dir = self.work / f"run-{next(self._count)}"
         overrides, options = self.plan(setting, seq_len, batch_size, steps, run_dir)
         env = {**os.environ, "HYDRA_FULL_ERROR": "1", **({"CUDA_VISIBLE_DEVICES": ""} if self.device == "cpu" else {})}
+        self.prepare(overrides, env, run_dir.with_suffix(".prepare.log"))
         outcome = self.runner([*launcher(setting.gpus), *overrides], env, self.timeout, run_dir.with_suffix(".log"))
         metrics = read_metrics(run_dir / "metrics.jsonl", self.warmup)
         self.peak = metrics.pop("peak") or self.peak
@@ -167,6 +178,15 @@ class Jobs:
             "oom": oom,
             "error": error,
         }
+
+    def prepare(self, overrides: list[str], env: dict[str, str], log: Path) -> None:
+        """Build the packed data of a job with `overrides` unless a job with the same data and model settings had it
+        built; a failure is the job's to report (it prepares again and fails the same way)."""
+        data = tuple(o for o in overrides if o.startswith(("data", "model=", "model.pretrained=")))  # the tokenizer's
+        if data in self.prepared:
+            return
+        self.prepared.add(data)
+        self.runner([installed("legalpt-prepare"), *data], env, PREPARE_TIMEOUT_S, log)
 
 
 def read_metrics(path: Path, warmup: int) -> dict:
