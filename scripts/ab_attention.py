@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "scripts" / "bench_attention.py"
-KEY = ("mask", "head_dim", "seqlen_q", "batch", "heads", "mode", "impl")  # a row's identity across commits
+KEY = ("mask", "head_dim", "seqlen_q", "batch", "heads", "heads_k", "mode", "impl")  # a row's identity across commits
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,12 +110,14 @@ def build_kernels(trees: dict[str, Path], work: Path, dims: tuple[int, ...]) -> 
 
 def load_rows(out: Path) -> dict[tuple, dict]:
     [record] = out.glob("attention-*.json")
-    return {tuple(row[k] for k in KEY): row for row in json.loads(record.read_text())["rows"]}
+    rows = json.loads(record.read_text())["rows"]
+    return {tuple(row.get(k, row["heads"]) if k == "heads_k" else row[k] for k in KEY): row for row in rows}
 
 
 def compare(labels: list[str], runs: list[dict[tuple, dict]]) -> str:
     """Per row of the first run: each run's ms and its ratio to the first's, then each run's longest kernels."""
-    lines = [f"{'impl':<10} {'mode':<7} {'mask':<20} {'d':>3} {'seqlen':>6}  " + "  ".join(f"{x:>18}" for x in labels)]
+    lines = [f"{'impl':<10} {'mode':<7} {'mask':<20} {'d':>3} {'seqlen':>6} {'H/Hk':>5}  "
+             + "  ".join(f"{x:>18}" for x in labels)]  # fmt: skip
     for key, base in runs[0].items():
         cells = []
         for run in runs:
@@ -124,6 +126,7 @@ def compare(labels: list[str], runs: list[dict[tuple, dict]]) -> str:
             cells.append(f"{ms:.3f}{ratio}" if ms else "–")
         what = dict(zip(KEY, key, strict=True))
         row = f"{what['impl']:<10} {what['mode']:<7} {what['mask']:<20} {what['head_dim']:>3} {what['seqlen_q']:>6}"
+        row += f" {what['heads']:>2}/{what['heads_k']:<2}"
         lines.append(row + "  " + "  ".join(f"{c:>18}" for c in cells))
         for label, run in zip(labels, runs, strict=True):
             longest = list(run.get(key, {}).get("kernels_us", {}).items())[:4]

@@ -9,11 +9,14 @@ one untimed run allocated above what was allocated before it (the inputs; for bw
 tensors). Once per shape, each output is compared with another implementation's (max abs diff).
 
 Shapes: head dims 64 and 128 with heads = 2048 / head dim; seqlen 1k..16k at batch x seqlen = 16k tokens, causal and
-not; causal sliding windows W = 1024 and 4096 (window_size=(W-1, 0)) at 16k and 64k; the first 64 tokens global plus
-window 1024 at 64k; a causal pack of 16k tokens in documents of 128..4096 tokens (seeded); and, fwd+bwd only, peak
-memory at 8k, 32k, 128k (batch 1, causal, head dim 128, 16 heads). SDPA runs dense and causal natively (is_causal);
-the other masks would need a dense O(N^2) mask, so its rows there are skipped with that reason. FlexAttention runs
-compiled with the same mask; its BlockMask is built by the untimed first call and cached.
+not; the same at 4k..16k with GQA (8 query heads per key/value head: 32/4 at d64, the 1b preset's, and 16/2 at
+d128); causal sliding windows W = 1024 and 4096 (window_size=(W-1, 0)) at 16k and 64k; the first 64 tokens global
+plus window 1024 at 64k; a causal pack of 16k tokens in documents of 128..8192 tokens (seeded) at d64 (32/32 and
+32/4 heads) and d128; and, fwd+bwd only, peak memory at 8k, 32k, 128k (batch 1, causal, head dim 128, 16 heads).
+Rows name their query and key/value heads (heads, heads_k) and, packed, their documents. SDPA runs dense and causal
+natively (is_causal; GQA by enable_gqa); the other masks would need a dense O(N^2) mask, so its rows there are skipped
+with that reason. FlexAttention runs compiled with the same mask; its BlockMask is built by the untimed first call
+and cached.
 
 The record goes to <out>/attention-<gpu>-<yyyymmdd>.json (header, rows, ratios), replacing the GPU's earlier record,
 the plot (TFLOP/s vs seqlen, one line per implementation, one panel per head dim, causal and mode) beside it as .png,
@@ -89,7 +92,8 @@ def bench_shape(shape: Shape, args: argparse.Namespace, device: torch.device, dt
     base = {
         "group": shape.group, "mask": shape.mask, "dtype": str(dtype).removeprefix("torch."),
         "head_dim": shape.head_dim, "seqlen_q": shape.seqlen, "seqlen_k": shape.seqlen, "batch": shape.batch,
-        "heads": shape.heads, "causal": shape.causal, "documents": len(shape.doc_lens) or None,
+        "heads": shape.heads, "heads_k": shape.kv_heads, "causal": shape.causal,
+        "documents": len(shape.doc_lens) or None,
         "density": pairs / (shape.batch * shape.seqlen**2),
     }  # fmt: skip
     runners = {impl: impl_runner(impl, x) for impl in args.impls}
@@ -127,7 +131,7 @@ def _measure(
 def _progress(row: dict) -> str:
     what = (
         f"{row['impl']:<10} {row['mode']:<7} {row['mask']:<20} d={row['head_dim']:<3} S={row['seqlen_q']:<6} "
-        f"B={row['batch']:<2} H={row['heads']:<2}"
+        f"B={row['batch']:<2} H={row['heads']:<2}/{row['heads_k']:<2}"
     )
     if row.get("skipped") or row.get("error"):
         return f"{what} {'skipped' if row.get('skipped') else 'ERROR'}: {row.get('skipped') or row.get('error')}"

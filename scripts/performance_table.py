@@ -287,7 +287,7 @@ def against_sdpa(table: list[dict], tflops: dict) -> list[str]:
     lines = [
         "### Dense and causal, against SDPA's flash and cuDNN backends",
         "",
-        f"| mask | head dim | seqlen | batch × heads | mode | {ours} ms | {ours} TFLOP/s | "
+        f"| mask | head dim | seqlen | batch × heads (/ key heads) | mode | {ours} ms | {ours} TFLOP/s | "
         + " | ".join(f"/ {t}" for t in SDPA)
         + " | peak memory / sdpa-flash |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -304,7 +304,7 @@ def against_flex(table: list[dict], tflops: dict) -> list[str]:
     lines = [
         "### Sliding windows, global tokens and packed documents, against FlexAttention",
         "",
-        f"| mask | head dim | seqlen | batch × heads | mode | {ours} ms | {ours} TFLOP/s | / flex |",
+        f"| mask | head dim | seqlen | batch × heads (/ key heads) | mode | {ours} ms | {ours} TFLOP/s | / flex |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for e in table:
@@ -317,13 +317,22 @@ def _shape(e: dict, tflops: dict) -> str:
     """A ratio table's leading cells: the shape, the mode, our time and throughput."""
     rate = tflops.get(_key(e))
     return (
-        f"| {e['mask']} | {e['head_dim']} | {e['seqlen_q']:,} | {e['batch']} × {e['heads']} | {e['mode']} | "
+        f"| {e['mask']} | {e['head_dim']} | {e['seqlen_q']:,} | {e['batch']} × {_heads(e)} | {e['mode']} | "
         f"{e['ours_ms']:.3f} | {'–' if rate is None else f'{rate:.0f}'} |"
     )
 
 
 def _key(e: dict) -> tuple:
-    return e["group"], e["mask"], e["head_dim"], e["seqlen_q"], e["batch"], e["heads"], e["mode"]
+    return e["group"], e["mask"], e["head_dim"], e["seqlen_q"], e["batch"], e["heads"], _kv_heads(e), e["mode"]
+
+
+def _kv_heads(e: dict) -> int:
+    return e.get("heads_k", e["heads"])  # records from before GQA shapes: as many as query heads
+
+
+def _heads(e: dict) -> str:
+    """Query heads, and key/value heads where fewer (GQA): "32" or "32 / 4"."""
+    return str(e["heads"]) if _kv_heads(e) == e["heads"] else f"{e['heads']} / {_kv_heads(e)}"
 
 
 def _range(values) -> str:

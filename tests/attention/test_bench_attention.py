@@ -45,7 +45,7 @@ def test_kernel_times_name_what_each_row_ran(bench, tmp_path):
         assert all(t > 0 for t in times)
 
 
-def test_ncu_runs_only_run_each_step(bench, tmp_path, monkeypatch, capsys):
+def test_ncu_runs_only_run_each_step(bench, shapes, tmp_path, monkeypatch, capsys):
     """--ncu-runs N: each selected step runs N times for a profiler that wraps the process, and nothing is timed or
     recorded."""
     runs = []
@@ -58,7 +58,7 @@ def test_ncu_runs_only_run_each_step(bench, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "mode_step", counted)
     monkeypatch.setattr(bench, "median_ms", lambda *a: pytest.fail("--ncu-runs timed a step"))
     assert bench.main([*ARGS, "--ncu-runs", "3", "--out", str(tmp_path)]) == 0
-    seqlens = list(bench.CPU_SCALE.seqlens)
+    seqlens = [*bench.CPU_SCALE.seqlens, *shapes.CPU_SCALE.gqa]  # the causal sweep, then the GQA one
     assert runs == [("fwd", s) for s in seqlens for _ in range(3)]
     assert not list(tmp_path.iterdir())
     assert capsys.readouterr().out.count("ran 3 times") == len(seqlens)
@@ -84,8 +84,22 @@ def test_shapes_run_in_the_order_given(shapes):
     chosen = shapes.selected(shapes.plan(shapes.GPU_SCALE, quick=False), ["window-1024", "dense"], [128, 64])
     order = list(dict.fromkeys((s.head_dim, s.mask) for s in chosen))
     assert order == [(128, "window-1024"), (128, "dense"), (64, "window-1024"), (64, "dense")]
-    seqlens = [s.seqlen for s in chosen if (s.head_dim, s.mask) == (128, "dense")]
-    assert seqlens == sorted(seqlens)  # the plan's order within
+    for group in ("sweep", "gqa"):  # the plan's order within: the sweep, then the GQA sweep, each by seqlen
+        seqlens = [s.seqlen for s in chosen if (s.head_dim, s.mask, s.group) == (128, "dense", group)]
+        assert seqlens == sorted(seqlens)
+    groups = [s.group for s in chosen if (s.head_dim, s.mask) == (128, "dense")]
+    assert groups == sorted(groups, key=["sweep", "gqa"].index)
+
+
+def test_gqa_rows_name_their_key_heads_and_agree_with_the_reference(bench, tmp_path):
+    args = ["--device", "cpu", "--masks", "causal", "varlen-causal", "--head-dims", "64", "--seqlens", "512",
+            "--impls", "reference", "flex", "--modes", "fwd", "--out", str(tmp_path)]  # fmt: skip
+    assert bench.main(args) == 0
+    rows = _record(tmp_path)["rows"]
+    heads = {(r["group"], r["heads"], r["heads_k"], r["documents"] is not None) for r in rows}
+    assert heads == {("sweep", 4, 4, False), ("gqa", 4, 1, False), ("varlen", 4, 4, True), ("varlen", 4, 1, True)}
+    flex = [r for r in rows if r["impl"] == "flex"]
+    assert len(flex) == 4 and all(r["diff_vs"] == "reference" and r["max_abs_diff"] < 0.05 for r in flex)
 
 
 def test_seqlens_select_and_order(shapes):

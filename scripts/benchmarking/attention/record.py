@@ -13,7 +13,7 @@ from .. import record
 
 OURS = ("fa3", "fa2", "reference")  # the implementation the ratios are of: the first of these that runs
 THEIRS = ("sdpa-flash", "sdpa-cudnn", "flex")  # what the ratios compare it with
-_KEY_FIELDS = ("group", "mask", "head_dim", "seqlen_q", "batch", "heads", "mode")  # a shape and mode
+_KEY_FIELDS = ("group", "mask", "head_dim", "seqlen_q", "batch", "heads", "heads_k", "mode")  # a shape and mode
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -38,7 +38,7 @@ def ratios(rows: list[dict]) -> list[dict]:
 
 
 def _key(row: dict) -> tuple:
-    return tuple(row[f] for f in _KEY_FIELDS)
+    return tuple(row.get(f, row["heads"]) if f == "heads_k" else row[f] for f in _KEY_FIELDS)  # older rows: MHA
 
 
 def format_ratios(table: list[dict]) -> str:
@@ -47,14 +47,15 @@ def format_ratios(table: list[dict]) -> str:
         return "no ratios: the implementation of ours (fa3, fa2, or reference on the CPU) has no measured row"
     ours = table[0]["ours"]
     lines = [
-        f"{'mask':<20} {'d':>3} {'seqlen':>6} {'BxH':>6} {'mode':<7} {ours + ' ms':>10} "
+        f"{'mask':<20} {'d':>3} {'seqlen':>6} {'BxH/Hk':>9} {'mode':<7} {ours + ' ms':>10} "
         + " ".join(f"{ours + '/' + t:>16}" for t in THEIRS)
         + f" {'mem/sdpa-flash':>14}"
     ]
     for e in table:
         cells = " ".join(f"{_times(e[f'vs_{t}']):>16}" for t in THEIRS)
         lines.append(
-            f"{e['mask']:<20} {e['head_dim']:>3} {e['seqlen_q']:>6} {e['batch']:>2}x{e['heads']:<3} {e['mode']:<7} "
+            f"{e['mask']:<20} {e['head_dim']:>3} {e['seqlen_q']:>6} {e['batch']:>2}x{e['heads']:>2}/{e['heads_k']:<3} "
+            f"{e['mode']:<7} "
             f"{e['ours_ms']:>10.3f} {cells} {_times(e['peak_vs_sdpa-flash']):>14}"
         )
     return "\n".join(lines)

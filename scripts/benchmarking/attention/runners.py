@@ -44,7 +44,8 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device) -> Input
     """Seeded inputs of `shape`: every implementation of a shape sees the same ones."""
     torch.manual_seed(0)
     lead = (shape.seqlen,) if shape.doc_lens else (shape.batch, shape.seqlen)
-    q, k, v = (torch.randn(*lead, shape.heads, shape.head_dim, device=device, dtype=dtype) for _ in range(3))
+    q = torch.randn(*lead, shape.heads, shape.head_dim, device=device, dtype=dtype)
+    k, v = (torch.randn(*lead, shape.kv_heads, shape.head_dim, device=device, dtype=dtype) for _ in range(2))
     cu = None
     if shape.doc_lens:
         cu = torch.tensor([0, *accumulate(shape.doc_lens)], dtype=torch.int32, device=device)
@@ -73,11 +74,13 @@ def impl_runner(impl: str, x: Inputs) -> Runner | str:
 
 
 def _sdpa(x: Inputs, backend: SDPBackend) -> Runner:
+    """SDPA with `backend` forced; GQA through enable_gqa, as transformers' sdpa attention calls it."""
     qh, kh, vh = (t.transpose(1, 2) for t in (x.q, x.k, x.v))  # (B, H, S, D) views of the same inputs
+    gqa = x.shape.kv_heads != x.shape.heads
 
     def run() -> Tensor:
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(qh, kh, vh, is_causal=x.shape.causal).transpose(1, 2)
+            return F.scaled_dot_product_attention(qh, kh, vh, is_causal=x.shape.causal, enable_gqa=gqa).transpose(1, 2)
 
     return run
 

@@ -1,8 +1,10 @@
 """The shapes the attention benchmark measures, their selection on the command line, and their exact FLOP count.
 
 Head dims 64 and 128 with heads = hidden / head dim; a dense sweep of seqlens at batch x seqlen = a fixed number of
-tokens, causal and not; causal sliding windows W (window_size=(W - 1, 0)) at long seqlens; global tokens plus a
-window; a causal pack of documents of seeded random lengths; and peak-memory shapes (batch 1, causal, head dim 128).
+tokens, causal and not; the same with grouped-query attention (GQA_GROUP query heads per key/value head, as the 1b
+preset's 32 query and 4 key heads at d64); causal sliding windows W (window_size=(W - 1, 0)) at long seqlens; global
+tokens plus a window; a causal pack of documents of seeded random lengths, with and without GQA at d64; and
+peak-memory shapes (batch 1, causal, head dim 128).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from legalpt.attention.masks import MaskSpec, element_mask
 BWD_FLOPS = 2.5  # backward FLOPs per forward FLOP
 MODE_FLOPS = {"fwd": 1.0, "bwd": BWD_FLOPS, "fwd+bwd": 1.0 + BWD_FLOPS}  # FLOPs of each mode per forward FLOP
 _PAIRS_PER_CHUNK = 1 << 24  # (query, key) pairs evaluated at once when counting the visible ones
+GQA_GROUP = 8  # query heads per key/value head of the GQA shapes
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Scale:
     hidden: int  # heads * head_dim
     tokens: int  # batch * seqlen of the dense sweep and of the varlen pack
     seqlens: tuple[int, ...]  # the dense sweep
+    gqa: tuple[int, ...]  # seqlens of the GQA sweep (dense and causal)
     windows: tuple[int, ...]  # sliding-window sizes W
     long: tuple[int, ...]  # seqlens of the window shapes
     global_tokens: int
@@ -34,9 +38,9 @@ class Scale:
     memory: tuple[int, ...]  # seqlens of the peak-memory shapes (batch 1, causal, head dim 128)
 
 
-GPU_SCALE = Scale(2048, 16384, (1024, 2048, 4096, 8192, 16384), (1024, 4096), (16384, 65536), 64, (128, 4096),
-                  (8192, 32768, 131072))  # fmt: skip
-CPU_SCALE = Scale(256, 512, (128, 256, 512), (64,), (512,), 8, (16, 128), ())
+GPU_SCALE = Scale(2048, 16384, (1024, 2048, 4096, 8192, 16384), (4096, 8192, 16384), (1024, 4096), (16384, 65536), 64,
+                  (128, 8192), (8192, 32768, 131072))  # fmt: skip
+CPU_SCALE = Scale(256, 512, (128, 256, 512), (256, 512), (64,), (512,), 8, (16, 128), ())
 
 
 @dataclass(frozen=True)
@@ -51,10 +55,15 @@ class Shape:
     window: tuple[int, int] = (-1, -1)
     global_tokens: int = 0
     doc_lens: tuple[int, ...] = ()  # varlen documents
+    heads_k: int = 0  # key/value heads; 0 = heads (GQA below heads)
 
     @property
     def spec(self) -> MaskSpec:
         return MaskSpec(self.causal, self.window, self.global_tokens)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads_k or self.heads
 
 
 def plan(scale: Scale, quick: bool) -> list[Shape]:
@@ -67,11 +76,13 @@ def plan(scale: Scale, quick: bool) -> list[Shape]:
             _window(scale, 128, scale.long[0], window, 0),
         ]
     shapes = [_dense(scale, d, s, c) for d in (64, 128) for c in (False, True) for s in scale.seqlens]
+    shapes += [_dense(scale, d, s, c, gqa=True) for d in (64, 128) for c in (False, True) for s in scale.gqa]
     shapes += [_window(scale, d, s, w, 0) for d in (64, 128) for w in scale.windows for s in scale.long]
     shapes += [_window(scale, d, scale.long[-1], scale.windows[0], scale.global_tokens) for d in (64, 128)]
     lens = _doc_lens(scale.tokens, *scale.doc_lens)
     shapes += [
-        Shape("varlen", "varlen-causal", d, scale.hidden // d, 1, scale.tokens, True, doc_lens=lens) for d in (64, 128)
+        Shape("varlen", "varlen-causal", d, scale.hidden // d, 1, scale.tokens, True, doc_lens=lens, heads_k=k)
+        for d, k in ((64, 0), (64, _gqa_heads(scale.hidden // 64)), (128, 0))
     ]
     shapes += [Shape("memory", "causal", 128, 16, 1, s, True) for s in scale.memory]
     return shapes
@@ -97,9 +108,17 @@ def selected(
     return sorted(kept, key=lambda s: (rank(head_dims, s.head_dim), rank(masks, s.mask), rank(seqlens, s.seqlen)))
 
 
-def _dense(scale: Scale, head_dim: int, seqlen: int, causal: bool) -> Shape:
-    heads = scale.hidden // head_dim
-    return Shape("sweep", "causal" if causal else "dense", head_dim, heads, scale.tokens // seqlen, seqlen, causal)
+def _dense(scale: Scale, head_dim: int, seqlen: int, causal: bool, gqa: bool = False) -> Shape:
+    """A shape of the dense sweep, or with `gqa` of the GQA sweep."""
+    heads, mask, batch = scale.hidden // head_dim, "causal" if causal else "dense", scale.tokens // seqlen
+    if not gqa:
+        return Shape("sweep", mask, head_dim, heads, batch, seqlen, causal)
+    return Shape("gqa", mask, head_dim, heads, batch, seqlen, causal, heads_k=_gqa_heads(heads))
+
+
+def _gqa_heads(heads: int) -> int:
+    """Key/value heads of a GQA shape with `heads` query heads (one at least: the CPU's shapes have few heads)."""
+    return max(1, heads // GQA_GROUP)
 
 
 def _window(scale: Scale, head_dim: int, seqlen: int, window: int, global_tokens: int) -> Shape:
