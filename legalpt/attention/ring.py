@@ -10,8 +10,10 @@ chunks it holds, one backend call per pair of chunks that share a document:
 - a key chunk after the query chunk: nothing visible under causal, skipped.
 Partial results merge by their logsumexp, which our backends return: out = sum_i exp(lse_i - lse) out_i with
 lse = logsumexp_i lse_i. The backward rotates K and V again and recomputes each pair's gradient from the merged out
-and lse (the flash backward needs nothing else); dK and dV travel with their K and V and come home after the last
-step, summed in float32. Memory per process is that of its T/W tokens: nothing of the other processes' chunks is kept.
+and lse (the flash backward needs nothing else); dK and dV follow their K and V one step behind and come home after
+the last step, summed in float32. Transfers overlap compute in both passes: the next K and V are sent while the held
+ones are attended, and a block's dK and dV so far arrive while this process computes its own part of them. Memory
+per process is that of its T/W tokens: nothing of the other processes' chunks is kept.
 
 The plan (which pairs, their `cu_seqlens` and key ranges) is read from the host copy of `cu_seqlens` once per batch
 (`RingPlan.build`); every layer reuses it. Masks other than causal or none (windows, global tokens) are not
@@ -226,19 +228,20 @@ class _Ring:
         self.next = dist.get_global_rank(group, (plan.rank + 1) % plan.world)
         self.prev = dist.get_global_rank(group, (plan.rank - 1) % plan.world)
         self.pending: list = []
+        self.sending: list[Tensor] = []  # held until the transfer is done, whatever the caller drops
 
     def start(self, tensors: list[Tensor]) -> list[Tensor]:
         """Send `tensors` on; return the buffers the previous process's are received into."""
         received = [torch.empty_like(t) for t in tensors]
         ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
-        self.pending = dist.batch_isend_irecv(ops)
+        self.pending, self.sending = dist.batch_isend_irecv(ops), tensors
         return received
 
     def wait(self) -> None:
         for request in self.pending:
             request.wait()
-        self.pending = []
+        self.pending, self.sending = [], []
 
 
 def _merge(out: Tensor, lse: Tensor, part: Tensor, part_lse: Tensor) -> None:
@@ -276,26 +279,33 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        """Each step computes the gradients of the K, V block held while the next block is already on its way, and
+        adds them to that block's float32 dK, dV as the previous process passed them on (which arrived during the
+        compute); after the last step every block's dK, dV reach their owner."""
         q, k, v, out, lse = ctx.saved_tensors
         plan, scale, backend = ctx.plan, ctx.scale, ctx.backend
         dout = dout.contiguous()
         dq = torch.zeros_like(q, dtype=torch.float32)
-        # K, V and the float32 dK, dV of the process that owns them travel together
-        held = [k, v, torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)]
-        ring = _Ring(plan) if plan.world > 1 else None
+        kv_ring, dkv_ring = (_Ring(plan), _Ring(plan)) if plan.world > 1 else (None, None)
+        held, passed = [k, v], None  # passed: the held block's dK, dV so far (None at step 0: this process's block)
         for step, calls in enumerate(plan.steps):
+            incoming = kv_ring.start(held) if step < plan.world - 1 else None
+            grads = [torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)]
             for call in calls:
                 rows, keys = call.q_rows, call.k_rows
                 batch = _batch(q[rows], held[0][keys], held[1][keys], call, scale)
                 row_lse = lse[:, rows].contiguous()
                 dq_part, dk_part, dv_part = backend.backward(batch, out[rows], row_lse, dout[rows], None)
                 dq[rows] += dq_part
-                held[2][keys] += dk_part
-                held[3][keys] += dv_part
-            if step < plan.world - 1:  # on to the next process; the last step sends dK, dV home below
-                held = ring.start(held)
-                ring.wait()
+                grads[0][keys] += dk_part
+                grads[1][keys] += dv_part
+            if passed is not None:
+                dkv_ring.wait()
+                grads = [mine + theirs for mine, theirs in zip(grads, passed, strict=True)]
+            if incoming is not None:
+                kv_ring.wait()
+                held = incoming
+            passed = dkv_ring.start(grads) if plan.world > 1 else grads  # on to the process that holds it next
         if plan.world > 1:
-            held[2:] = ring.start(held[2:])
-            ring.wait()
-        return dq.to(q.dtype), held[2].to(k.dtype), held[3].to(v.dtype), None, None, None
+            dkv_ring.wait()  # after the last step the next process is the block's owner: this one's came home
+        return dq.to(q.dtype), passed[0].to(k.dtype), passed[1].to(v.dtype), None, None, None
