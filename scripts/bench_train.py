@@ -6,9 +6,11 @@ model.attn_implementation=legalpt and =sdpa one after the other for each model p
 and seq_len, on the long-document demo corpus (data=demo_long, its documents made long enough that a row of the
 longest seq_len is one document: the figure is about long documents, not about packing short ones). A row holds
 tokens/s and MFU (medians over the steps after --warmup), peak GPU memory, and whether the job ran out of memory,
-read from the job's metrics.jsonl (scripts/benchmarking/train/runs.py says how). With --search-max, each setting is
-then searched for the longest seq_len that trains at batch 1 (benchmarking/train/search.py): doubling from
---search-start, then bisection to within 1/16.
+read from the job's metrics.jsonl (scripts/benchmarking/train/runs.py says how). With --profile N the N steps after
+the warmup run under torch.profiler (train.profile_steps, left out of tokens/s) and each row holds where a step's
+time goes: wall against GPU-busy milliseconds and kernel time by kind (matmul, attention, optimizer, ...). With
+--search-max, each setting is then searched for the longest seq_len that trains at batch 1
+(benchmarking/train/search.py): doubling from --search-start, then bisection to within 1/16.
 
 Trainer options are Hydra overrides given only when asked for (--activation-checkpointing full selective ...,
 --loss-impl, --compile true false, --override KEY=VALUE for anything else), so the script runs on trees with and
@@ -38,7 +40,7 @@ from pathlib import Path
 
 import torch
 from benchmarking import record
-from benchmarking.train.record import SETTING_FIELDS, build, format_longest, format_rows, key
+from benchmarking.train.record import SETTING_FIELDS, build, format_longest, format_profiles, format_rows, key
 from benchmarking.train.runs import Jobs, Runner, Setting, demo_data, run_process
 from benchmarking.train.search import bounds, next_seq_len, outcome
 from hydra.errors import HydraException
@@ -67,6 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpus", type=int, default=1, help="processes, one GPU each (accelerate launch when > 1)")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps of a row's job")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of tokens/s and MFU")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="STEPS",
+        help="profile STEPS steps of each row's job after the warmup (left out of tokens/s); 0 = none",
+    )  # fmt: skip
     parser.add_argument("--search-max", type=int, default=0, help="longest seq_len searched; 0 = no search")
     parser.add_argument("--search-start", type=int, help="first seq_len of the search (default: the shortest row's)")
     parser.add_argument("--search-steps", type=int, default=2, help="steps of a search job (2: AdamW's state exists)")
@@ -80,11 +86,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("gpus", "steps", "search_steps", "timeout"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
-    for name in ("warmup", "search_max", "doc_tokens"):
+    for name in ("warmup", "search_max", "doc_tokens", "profile"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0; got {getattr(args, name)}")
     if min([*args.seq_lens, *args.batch_sizes], default=2) < 1 or min(args.seq_lens, default=2) < 2:
         parser.error(f"--seq-lens must be >= 2 and --batch-sizes >= 1; got {args.seq_lens}, {args.batch_sizes}")
+    if args.profile and args.steps <= args.warmup + args.profile:
+        parser.error(f"--steps {args.steps} leaves no timed step after --warmup {args.warmup} and --profile "
+                     f"{args.profile}")  # fmt: skip
     if not args.seq_lens and not args.search_max:
         parser.error("nothing to run: give --seq-lens, --search-max, or both")
     args.search_start = args.search_start or min(args.seq_lens, default=4096)
@@ -143,7 +152,8 @@ def main(argv: list[str] | None = None, runner: Runner = run_process) -> int:
     args = parse_args(argv)
     doc_tokens = args.doc_tokens or max([*args.seq_lens, args.search_max])
     with tempfile.TemporaryDirectory(prefix="bench-train-") as work:
-        jobs = Jobs(Path(work), demo_data(doc_tokens), args.override, args.device, args.warmup, args.timeout, runner)
+        jobs = Jobs(Path(work), demo_data(doc_tokens), args.override, args.device, args.warmup, args.timeout, runner,
+                    profile=args.profile)  # fmt: skip
         jobs_planned = planned(args)
         searched = settings(args) if args.search_max else []
         try:  # every job's config is checked before the first job starts
@@ -156,7 +166,7 @@ def main(argv: list[str] | None = None, runner: Runner = run_process) -> int:
             raise SystemExit(str(error)) from None
         bench = Bench(args, jobs, header(args, argv, jobs.data))
         for s, seq_len, batch_size in jobs_planned:
-            bench.rows.append(jobs.run(s, seq_len, batch_size, args.steps))
+            bench.rows.append(jobs.run(s, seq_len, batch_size, args.steps, profiled=True))
             bench.saved(bench.rows[-1])
         for s in searched:
             bench.search(s, resolved[s])
@@ -164,6 +174,9 @@ def main(argv: list[str] | None = None, runner: Runner = run_process) -> int:
     final = json.loads(path.read_text())
     print(f"\nwrote {path}\n")
     print(format_rows(final["rows"]))
+    if args.profile:
+        print(f"\nwhere a step's time goes ({args.profile} profiled steps a job, ms per step)\n")
+        print(format_profiles(final["rows"]))
     if final["longest"]:
         print(f"\nlongest seq_len that trains at batch 1 ({args.search_steps} steps a job)\n")
         print(format_longest(final["longest"]))

@@ -12,6 +12,8 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 ROW_KEYS = {"attention", "model", "seq_len", "batch_size", "gpus", "activation_checkpointing", "compile", "loss_impl",
             "steps", "tokens_per_s", "mfu", "peak_gib", "oom", "error", "vs_sdpa"}  # fmt: skip
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+PROFILE = {"steps": 2, "wall_ms": 10.0, "device_busy_ms": 9.0, "kernel_ms": {"attention": 5.0, "matmul": 3.0},
+           "longest_kernels_ms": {"fwd_kernel": 5.0}}  # fmt: skip
 
 
 @pytest.fixture
@@ -57,11 +59,16 @@ class FakeTrainer:
         run_dir.mkdir(parents=True)
         with (run_dir / "metrics.jsonl").open("w") as f:
             f.write(json.dumps({"step": 0, "eval/loss": 5.0}) + "\n")
+            start, count = int(given.get("train.profile_start", 0)), int(given.get("train.profile_steps", 0))
             for step in range(1, int(given["train.steps"]) + 1):
                 speed = self.speed[attention] * (0.1 if step == 1 else 1 + step / 100)
+                speed *= 0.5 if start < step <= start + count else 1  # the profiler slows its steps down
                 metrics = {"train/tokens_per_s": speed, "train/mfu": speed / 1e6, "train/peak_gib": seq_len / 100}
                 peak = {"train/mfu_peak": "Fake GPU (dense bf16 table)", "train/mfu_peak_tflops": 1.0}
                 f.write(json.dumps({"step": step, **metrics, **peak}) + "\n")
+        if count:
+            (run_dir / "profile").mkdir()
+            (run_dir / "profile" / "summary-rank0.json").write_text(json.dumps(PROFILE))
         return bench.Outcome(0, "done\n")
 
 
@@ -122,6 +129,25 @@ def test_an_oom_is_recorded_and_the_search_brackets_the_capacity(fake_bench, tmp
     seq_lens = [int(c.split("=")[1]) for command in fake.prepared for c in command if c.startswith("data.seq_len=")]
     assert len(seq_lens) == len(set(seq_lens)) == len({t["seq_len"] for t in [*tries, *record["rows"]]})
     assert all(c.startswith(("data", "model=")) for command in fake.prepared for c in command[1:])
+
+
+def test_profiled_steps_are_summarized_and_left_out_of_tokens_per_s(fake_bench, tmp_path, capsys):
+    fake = FakeTrainer({"legalpt": 3000, "sdpa": 3000}, {"legalpt": 2000.0, "sdpa": 1000.0})
+    args = fake_args(tmp_path, "--steps", "6", "--profile", "2", "--search-max", "1024")
+    assert fake_bench.main(args, runner=fake) == 0
+    record = _record(tmp_path)
+    for row in record["rows"]:  # steps 2 and 3 profiled after the warmup's step 1; timed: 4, 5, 6
+        assert row["profile"] == PROFILE
+        assert row["tokens_per_s"] == pytest.approx({"legalpt": 2000.0, "sdpa": 1000.0}[row["attention"]] * 1.05)
+    assert all("profile" not in t for t in record["search"])  # only the throughput rows are profiled
+    searched = [c for c in fake.commands if "train.steps=2" in c]
+    assert searched and not any(a.startswith("train.profile") for c in searched for a in c)
+    assert "where a step's time goes" in capsys.readouterr().out
+
+
+def test_profile_needs_a_timed_step_after_it(fake_bench, tmp_path):
+    with pytest.raises(SystemExit):
+        fake_bench.main(fake_args(tmp_path, "--profile", "3"), runner=FakeTrainer({}, {}))
 
 
 def test_a_merged_part_continues_the_search(fake_bench, tmp_path):

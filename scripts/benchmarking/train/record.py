@@ -66,6 +66,20 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_profiles(rows: list[dict]) -> str:
+    """Per profiled row: wall and GPU-busy milliseconds per step, and kernel milliseconds by kind."""
+    lines = []
+    for r in rows:
+        if not (profile := r.get("profile")):
+            continue
+        kinds = ", ".join(f"{kind} {ms:.1f}" for kind, ms in profile["kernel_ms"].items())
+        lines.append(
+            f"{r['attention']:<10} {r['model']:<6} {r['seq_len']:>8} {options(r):<32} wall {profile['wall_ms']:.1f}, "
+            f"busy {profile['device_busy_ms']:.1f} | {kinds}"
+        )
+    return "\n".join(lines) or "no job left a profile"
+
+
 def format_longest(longest: list[dict]) -> str:
     """The search's results as the run prints them."""
     lines = [f"{'attention':<10} {'model':<6} {'gpus':>4} {'ckpt/loss/compile':<32} {'longest':>9} {'OOM at':>9}"]

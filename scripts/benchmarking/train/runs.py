@@ -129,6 +129,7 @@ class Jobs:
     runner: Runner = run_process
     peak: dict = field(default_factory=dict)  # what MFU is against, as the jobs logged it: {"name", "tflops"}
     prepared: set = field(default_factory=set)  # the data configurations legalpt-prepare has built
+    profile: int = 0  # steps of a throughput job profiled right after the warmup (train.profile_steps), untimed
     _count: itertools.count = field(default_factory=itertools.count)
 
     def plan(self, setting: Setting, seq_len: int, batch_size: int, steps: int, run_dir: Path) -> tuple[list, dict]:
@@ -155,15 +156,22 @@ class Jobs:
         to_config(cfg)
         return overrides, {name: OmegaConf.select(cfg, f"train.{name}", default=None) for name in OPTIONS}
 
-    def run(self, setting: Setting, seq_len: int, batch_size: int, steps: int) -> dict:
-        """Train `steps` steps of `setting` at (`seq_len`, `batch_size`) in a fresh process; returns its row."""
+    def run(self, setting: Setting, seq_len: int, batch_size: int, steps: int, profiled: bool = False) -> dict:
+        """Train `steps` steps of `setting` at (`seq_len`, `batch_size`) in a fresh process; returns its row.
+        `profiled`: the steps after the warmup are profiled (self.profile of them) and left out of its tokens/s, and
+        the row's "profile" is the trainer's summary of them (legalpt.train.profiling)."""
         run_dir = self.work / f"run-{next(self._count)}"
         overrides, options = self.plan(setting, seq_len, batch_size, steps, run_dir)
+        profile = self.profile if profiled else 0
+        if profile:
+            overrides += [f"train.profile_start={self.warmup}", f"train.profile_steps={profile}"]
         env = {**os.environ, "HYDRA_FULL_ERROR": "1", **({"CUDA_VISIBLE_DEVICES": ""} if self.device == "cpu" else {})}
         self.prepare(overrides, env, run_dir.with_suffix(".prepare.log"))
         outcome = self.runner([*launcher(setting.gpus), *overrides], env, self.timeout, run_dir.with_suffix(".log"))
-        metrics = read_metrics(run_dir / "metrics.jsonl", self.warmup)
+        metrics = read_metrics(run_dir / "metrics.jsonl", self.warmup + profile)
         self.peak = metrics.pop("peak") or self.peak
+        summary = run_dir / "profile" / "summary-rank0.json"
+        profiled_row = {"profile": json.loads(summary.read_text()) if summary.exists() else None} if profile else {}
         shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints and the export: gigabytes for the large presets
         oom, error = failure(outcome, self.timeout)
         return {
@@ -177,6 +185,7 @@ class Jobs:
             **metrics,
             "oom": oom,
             "error": error,
+            **profiled_row,
         }
 
     def prepare(self, overrides: list[str], env: dict[str, str], log: Path) -> None:
