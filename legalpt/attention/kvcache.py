@@ -4,16 +4,19 @@ The new keys and values (if given) are written into the cache in place at `cache
 batch entry b attend to keys [cache_leftpad[b], cache_seqlens[b] + Sk_new) of cache row cache_batch_idx[b]: one
 document of the element rule (masks.py), so causal and the window are aligned bottom-right on those keys.
 
-Computation: those keys are gathered into a packed varlen batch (one document per batch entry, `cu_seqlens_k`) and
-run by the chosen backend's varlen path, the same code as `flash_attn_varlen_func` (the reference's online softmax on
-CPU; our kernels on a GPU). The gather reads and writes each visible cache entry once more than a decode kernel that
-reads the cache in place would; docs/kernels.md ("Decode") says what a split-KV kernel will change. `num_splits` is
-accepted and has no effect until then: the results do not depend on it. Rotary embeddings, a paged cache
-(`block_table`) and ALiBi raise instead of being ignored. No backward, as in flash-attn.
+Computation: the chosen backend's varlen path, the same code as `flash_attn_varlen_func` (the reference's online
+softmax on CPU; our kernels on a GPU), one document per batch entry. Where the entries use cache rows in increasing
+order (no `cache_batch_idx`, or an increasing one) and the cache is contiguous, the kernels read it where it lies:
+its rows are one key axis, each entry's visible slots a document with its queries, and the slots between them
+(left padding, unused tails, rows no entry uses) documents without queries, whose keys nothing sees. Otherwise the
+visible keys are gathered into a packed copy first. docs/kernels.md ("Decode") says what a split-KV kernel will
+change; `num_splits` is accepted and has no effect until then: the results do not depend on it. Rotary embeddings,
+a paged cache (`block_table`) and ALiBi raise instead of being ignored. No backward, as in flash-attn.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -83,7 +86,10 @@ def flash_attn_with_kvcache(
         seqlen_q, max_seqlen_k, batch_size,
     )  # fmt: skip
     with torch.no_grad():
-        batch = _packed_batch(q, k_cache, v_cache, k, v, slots, max_seqlen_k, spec, scale, softcap)
+        if _readable_in_place(k_cache, v_cache, slots):
+            batch = _cache_batch(q, k_cache, v_cache, slots, spec, scale, softcap)
+        else:
+            batch = _packed_batch(q, k_cache, v_cache, k, v, slots, max_seqlen_k, spec, scale, softcap)
         chosen = api._resolve_backend(backend, return_softmax_lse, batch, "return_softmax_lse")
         if k is not None:  # after every check: a refused call leaves the cache as it was
             _append(k_cache, v_cache, k, v, slots)
@@ -200,6 +206,36 @@ def _append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: _Slot
     at = torch.tensor(slots.appended_at, device=device)[:, None] + torch.arange(k.shape[1], device=device)  # (B, Sn)
     k_cache[rows, at] = k
     v_cache[rows, at] = v
+
+
+def _readable_in_place(k_cache: Tensor, v_cache: Tensor, slots: _Slots) -> bool:
+    """Whether the entries' documents can lie in the cache itself: rows in increasing order, a contiguous cache."""
+    increasing = all(a < b for a, b in itertools.pairwise(slots.rows))
+    return increasing and k_cache.is_contiguous() and v_cache.is_contiguous()
+
+
+def _cache_batch(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: _Slots, spec: MaskSpec, scale: float, softcap: float
+) -> AttentionBatch:
+    """The cache's rows as one key axis: entry b's slots [cache_leftpad, cache_seqlens + Sk_new) of its row are a
+    document with its Sq queries, every run of slots between two entries' a document without queries. The new keys
+    are appended before the backend reads them (views: nothing is copied)."""
+    batch_size, seqlen_q = q.shape[:2]
+    seqlen_cache = k_cache.shape[1]
+    bounds_k, bounds_q = [0], [0]
+    for row, start, end in zip(slots.rows, slots.starts, slots.ends, strict=True):
+        if (first := row * seqlen_cache + start) > bounds_k[-1]:  # slots no query sees
+            bounds_k.append(first)
+            bounds_q.append(bounds_q[-1])
+        bounds_k.append(row * seqlen_cache + end)
+        bounds_q.append(bounds_q[-1] + seqlen_q)
+    k_keys, v_keys = (cache.view(-1, *cache.shape[2:])[: bounds_k[-1]] for cache in (k_cache, v_cache))
+    max_seqlen_k = max(b - a for a, b in itertools.pairwise(bounds_k))
+    cu_seqlens_q, cu_seqlens_k = (torch.tensor(b, device=q.device, dtype=torch.int32) for b in (bounds_q, bounds_k))
+    q_packed = q.reshape(batch_size * seqlen_q, *q.shape[2:])  # (B * Sq, H, D)
+    return AttentionBatch(
+        q_packed, k_keys, v_keys, cu_seqlens_q, cu_seqlens_k, seqlen_q, max_seqlen_k, spec, scale, softcap
+    )
 
 
 def _packed_batch(

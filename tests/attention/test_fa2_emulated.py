@@ -28,7 +28,7 @@ from attention_helpers import (
 )
 from torch.utils.cpp_extension import is_ninja_available
 
-from legalpt.attention import flash_attn_func, flash_attn_varlen_func, kernels
+from legalpt.attention import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, kernels
 from legalpt.attention.backends import AttentionBatch, cuda
 from legalpt.attention.masks import MaskSpec
 
@@ -305,3 +305,19 @@ def test_emulated_gradients_contiguous_for_permuted_inputs(backend: str, rng):
     out = flash_attn_func(q, k, v, causal=True, backend=backend)
     grads = torch.autograd.grad(out.float().sum(), (q, k, v))
     assert all(g.is_contiguous() for g in grads), [g.stride() for g in grads]
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+@pytest.mark.parametrize(("rows", "seqlen_q"), [("leftpad", 1), ("increasing_idx", 3)])
+def test_emulated_kernels_read_a_kv_cache_where_it_lies(backend: str, rows: str, seqlen_q: int, rng):
+    """flash_attn_with_kvcache on the kernels over the cache itself: documents without queries between the entries'
+    slots (left padding, unused rows and tails, all NaN), GQA, new keys appended in place; against float64."""
+    from test_kvcache import assert_same_cache, expected, make_inputs
+
+    args = make_inputs(seqlen_q, 1, rows, heads=4, kv_heads=2, dtype=torch.bfloat16, head_dim=64)
+    out_want, lse_want, k_want, v_want = expected(args, causal=True)
+    out, lse = flash_attn_with_kvcache(**args, causal=True, return_softmax_lse=True, backend=backend)
+    torch.testing.assert_close(out.double(), out_want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse.double(), lse_want, atol=1e-2, rtol=1e-3)
+    assert_same_cache(args["k_cache"], k_want)
+    assert_same_cache(args["v_cache"], v_want)

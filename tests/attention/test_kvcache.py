@@ -18,6 +18,7 @@ FLASH_ATTN_WITH_KVCACHE = {
     "softcap": 0.0, "rotary_interleaved": True, "alibi_slopes": None, "num_splits": 0, "return_softmax_lse": False,
 }  # fmt: skip
 BATCH, CACHE_ROWS, SEQLEN_CACHE, HEADS, KV_HEADS, HEAD_DIM = 3, 5, 113, 6, 2, 16
+ATTENTION = type(backends.get("reference")).attention  # the reference backend's, before any test wraps it
 
 
 def test_signature_is_flash_attn_2_plus_keyword_backend():
@@ -29,16 +30,27 @@ def test_signature_is_flash_attn_2_plus_keyword_backend():
 
 
 def make_inputs(
-    seqlen_q: int, new: int, rows: str, heads=HEADS, kv_heads=KV_HEADS, dtype=torch.float32, device="cpu"
+    seqlen_q: int,
+    new: int,
+    rows: str,
+    heads=HEADS,
+    kv_heads=KV_HEADS,
+    dtype=torch.float32,
+    device="cpu",
+    head_dim=HEAD_DIM,
 ) -> dict:
     """Random q, caches and new keys; slots the call must not read hold NaN (so a stray read shows), and so do the
     slots the new keys go to (so a missed write shows). Entry 0 holds no cached key."""
-    cache_rows = CACHE_ROWS if rows == "batch_idx" else BATCH
+    cache_rows = CACHE_ROWS if rows.endswith("idx") else BATCH
     seqlens = torch.randint(0, SEQLEN_CACHE - new + 1, (BATCH,), dtype=torch.int32)
     seqlens[0] = 0
     leftpad = (torch.rand(BATCH) * (seqlens + 1)).int().clamp(max=seqlens) if rows == "leftpad" else None
-    batch_idx = torch.randperm(CACHE_ROWS)[:BATCH].int() if rows == "batch_idx" else None
-    k_cache, v_cache = (torch.randn(cache_rows, SEQLEN_CACHE, kv_heads, HEAD_DIM, dtype=dtype) for _ in range(2))
+    batch_idx = None
+    if rows == "batch_idx":  # any order
+        batch_idx = torch.randperm(CACHE_ROWS)[:BATCH].int()
+    if rows == "increasing_idx":  # rows in order, one left out: read where they lie
+        batch_idx = torch.randperm(CACHE_ROWS)[:BATCH].sort().values.int()
+    k_cache, v_cache = (torch.randn(cache_rows, SEQLEN_CACHE, kv_heads, head_dim, dtype=dtype) for _ in range(2))
     for b in range(BATCH):
         row = b if batch_idx is None else int(batch_idx[b])
         first = 0 if leftpad is None else int(leftpad[b])
@@ -46,11 +58,11 @@ def make_inputs(
             cache[row, :first] = float("nan")
             cache[row, int(seqlens[b]) :] = float("nan")
     args = {
-        "q": torch.randn(BATCH, seqlen_q, heads, HEAD_DIM, dtype=dtype),
+        "q": torch.randn(BATCH, seqlen_q, heads, head_dim, dtype=dtype),
         "k_cache": k_cache,
         "v_cache": v_cache,
-        "k": torch.randn(BATCH, new, kv_heads, HEAD_DIM, dtype=dtype) if new else None,
-        "v": torch.randn(BATCH, new, kv_heads, HEAD_DIM, dtype=dtype) if new else None,
+        "k": torch.randn(BATCH, new, kv_heads, head_dim, dtype=dtype) if new else None,
+        "v": torch.randn(BATCH, new, kv_heads, head_dim, dtype=dtype) if new else None,
         "cache_seqlens": seqlens,
         "cache_batch_idx": batch_idx,
         "cache_leftpad": leftpad,
@@ -83,7 +95,7 @@ def assert_same_cache(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("rows", ["plain", "batch_idx", "leftpad"])
+@pytest.mark.parametrize("rows", ["plain", "batch_idx", "increasing_idx", "leftpad"])
 @pytest.mark.parametrize("seqlen_q", [1, 5])
 @pytest.mark.parametrize("new", [0, 1, 4])
 @pytest.mark.parametrize("softcap", [0.0, 2.5])
@@ -109,6 +121,21 @@ def test_any_head_ratio_and_softmax_scale(heads, kv_heads, rng):
     out, lse = flash_attn_with_kvcache(**args, causal=True, softmax_scale=0.3, return_softmax_lse=True)
     torch.testing.assert_close(out.double(), out_want, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(lse.double(), lse_want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("rows", "in_place"), [("plain", True), ("increasing_idx", True), ("leftpad", True),
+                                              ("batch_idx", False)])  # fmt: skip
+def test_rows_in_order_are_read_where_they_lie(rows, in_place, rng, monkeypatch):
+    """No copy of the cache where its rows come in order: the backend gets views of the cache itself."""
+    args = make_inputs(1, 1, rows)
+    if rows == "batch_idx":
+        args["cache_batch_idx"] = args["cache_batch_idx"].sort(descending=True).values  # surely out of order
+    seen = []
+    reference = backends.get("reference")
+    monkeypatch.setattr(type(reference), "attention", lambda self, batch: seen.append(batch) or ATTENTION(self, batch))
+    flash_attn_with_kvcache(**args, causal=True, backend="reference")
+    [batch] = seen
+    assert (batch.k.untyped_storage().data_ptr() == args["k_cache"].untyped_storage().data_ptr()) == in_place
 
 
 def test_int_cache_seqlens_equals_the_tensor_and_none_means_the_whole_cache(rng):
