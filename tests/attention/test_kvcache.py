@@ -38,9 +38,11 @@ def make_inputs(
     dtype=torch.float32,
     device="cpu",
     head_dim=HEAD_DIM,
+    head_major=False,
 ) -> dict:
     """Random q, caches and new keys; slots the call must not read hold NaN (so a stray read shows), and so do the
-    slots the new keys go to (so a missed write shows). Entry 0 holds no cached key."""
+    slots the new keys go to (so a missed write shows). Entry 0 holds no cached key. `head_major`: the caches are
+    (rows, kv heads, slots, head dim) in memory, as transformers keeps them, seen as flash-attn's layout."""
     cache_rows = CACHE_ROWS if rows.endswith("idx") else BATCH
     seqlens = torch.randint(0, SEQLEN_CACHE - new + 1, (BATCH,), dtype=torch.int32)
     seqlens[0] = 0
@@ -51,6 +53,8 @@ def make_inputs(
     if rows == "increasing_idx":  # rows in order, one left out: read where they lie
         batch_idx = torch.randperm(CACHE_ROWS)[:BATCH].sort().values.int()
     k_cache, v_cache = (torch.randn(cache_rows, SEQLEN_CACHE, kv_heads, head_dim, dtype=dtype) for _ in range(2))
+    if head_major:
+        k_cache, v_cache = (c.transpose(1, 2).contiguous().transpose(1, 2) for c in (k_cache, v_cache))
     for b in range(BATCH):
         row = b if batch_idx is None else int(batch_idx[b])
         first = 0 if leftpad is None else int(leftpad[b])
@@ -95,14 +99,15 @@ def assert_same_cache(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("head_major", [False, True])
 @pytest.mark.parametrize("rows", ["plain", "batch_idx", "increasing_idx", "leftpad"])
 @pytest.mark.parametrize("seqlen_q", [1, 5])
 @pytest.mark.parametrize("new", [0, 1, 4])
 @pytest.mark.parametrize("softcap", [0.0, 2.5])
 @pytest.mark.parametrize("window", [(-1, -1), (3, 0), (2, 5)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_matches_float64_oracle(causal, window, softcap, new, seqlen_q, rows, rng):
-    args = make_inputs(seqlen_q, new, rows)
+def test_matches_float64_oracle(causal, window, softcap, new, seqlen_q, rows, head_major, rng):
+    args = make_inputs(seqlen_q, new, rows, head_major=head_major)
     options = {"causal": causal, "window_size": window, "softcap": softcap}
     out_want, lse_want, k_want, v_want = expected(args, causal=causal, window=window, softcap=softcap)
     out, lse = flash_attn_with_kvcache(**args, **options, return_softmax_lse=True, backend="reference")
@@ -123,11 +128,21 @@ def test_any_head_ratio_and_softmax_scale(heads, kv_heads, rng):
     torch.testing.assert_close(lse.double(), lse_want, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("rows", "in_place"), [("plain", True), ("increasing_idx", True), ("leftpad", True),
-                                              ("batch_idx", False)])  # fmt: skip
-def test_rows_in_order_are_read_where_they_lie(rows, in_place, rng, monkeypatch):
+@pytest.mark.parametrize(
+    ("rows", "head_major", "seqlen_q", "in_place", "heads"),
+    [
+        ("plain", False, 3, True, HEADS),
+        ("increasing_idx", False, 1, True, HEADS),
+        ("leftpad", False, 1, True, HEADS),
+        ("batch_idx", False, 1, False, HEADS),
+        ("leftpad", True, 1, True, 1),  # decoding over transformers' layout: one head, the GQA group as queries
+        ("increasing_idx", True, 1, True, 1),
+        ("leftpad", True, 3, False, HEADS),  # several queries over transformers' layout: gathered
+    ],
+)
+def test_rows_in_order_are_read_where_they_lie(rows, head_major, seqlen_q, in_place, heads, rng, monkeypatch):
     """No copy of the cache where its rows come in order: the backend gets views of the cache itself."""
-    args = make_inputs(1, 1, rows)
+    args = make_inputs(seqlen_q, 1, rows, head_major=head_major)
     if rows == "batch_idx":
         args["cache_batch_idx"] = args["cache_batch_idx"].sort(descending=True).values  # surely out of order
     seen = []
@@ -136,6 +151,7 @@ def test_rows_in_order_are_read_where_they_lie(rows, in_place, rng, monkeypatch)
     flash_attn_with_kvcache(**args, causal=True, backend="reference")
     [batch] = seen
     assert (batch.k.untyped_storage().data_ptr() == args["k_cache"].untyped_storage().data_ptr()) == in_place
+    assert batch.q.shape[1] == heads
 
 
 def test_int_cache_seqlens_equals_the_tensor_and_none_means_the_whole_cache(rng):
