@@ -5,28 +5,21 @@ batch entry b attend to keys [cache_leftpad[b], cache_seqlens[b] + Sk_new) of ca
 document of the element rule (masks.py), so causal and the window are aligned bottom-right on those keys.
 
 Computation: the chosen backend's varlen path, the same code as `flash_attn_varlen_func` (the reference's online
-softmax on CPU; our kernels on a GPU), one document per batch entry. Where the entries use cache rows in increasing
-order (no `cache_batch_idx`, or an increasing one) and the cache is contiguous, the kernels read it where it lies:
-its rows are one key axis, each entry's visible slots a document with its queries, and the slots between them
-(left padding, unused tails, rows no entry uses) documents without queries, whose keys nothing sees. Decoding (one
-query per entry, no left window) over a cache kept head-major, as transformers keeps it, is read in place too: each
-(entry, key head) is a document of one head whose queries are the query heads sharing that key head, so a kernel
-tile reads the group's keys once. Otherwise the visible keys are gathered into a packed copy first.
-docs/kernels.md ("Decode") says what a split-KV kernel will change; `num_splits` is accepted and has no effect until
-then: the results do not depend on it. Rotary embeddings, a paged cache (`block_table`) and ALiBi raise instead of
-being ignored. No backward, as in flash-attn.
+softmax on CPU; our kernels on a GPU), one document per batch entry, the cache read where it lies when its layout
+allows (decode.py: flash-attn's layout with rows in order; transformers' head-major layout when decoding, each GQA
+group in one query tile and the keys split in `num_splits` parts) and gathered into a packed copy otherwise. The
+results do not depend on `num_splits` beyond rounding. Rotary embeddings, a paged cache (`block_table`) and ALiBi
+raise instead of being ignored. No backward, as in flash-attn.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from legalpt.attention import api
+from legalpt.attention import api, decode
 from legalpt.attention.backends import AttentionBatch
 from legalpt.attention.masks import MaskSpec
 
@@ -34,7 +27,7 @@ _LAYOUT = "(batch, seqlen, heads, head_dim)"
 
 
 @dataclass(frozen=True)
-class _Slots:
+class Slots:
     """Where each batch entry's keys sit in the cache, checked and read on the host."""
 
     rows: list[int]  # cache row of each batch entry
@@ -89,23 +82,27 @@ def flash_attn_with_kvcache(
         q, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes, False, False, 0, 1, None, (128, 128),
         seqlen_q, max_seqlen_k, batch_size,
     )  # fmt: skip
-    grouped = _grouped_decode(q, k_cache, v_cache, slots, spec)
+    grouped = None
+    if decode.can_group(q, k_cache, v_cache, slots.rows, spec):
+        grouped = decode.GroupedDecode.plan(q, k_cache, v_cache, slots, spec, scale, softcap, num_splits)
     with torch.no_grad():
         if grouped:
-            batch = _grouped_batch(q, k_cache, v_cache, slots, spec, scale, softcap)
-        elif _readable_in_place(k_cache, v_cache, slots):
-            batch = _cache_batch(q, k_cache, v_cache, slots, spec, scale, softcap)
+            batch = grouped.batch
+        elif decode.readable_in_place(k_cache, v_cache, slots.rows):
+            batch = decode.cache_batch(q, k_cache, v_cache, slots, spec, scale, softcap)
         else:
             batch = _packed_batch(q, k_cache, v_cache, k, v, slots, max_seqlen_k, spec, scale, softcap)
         chosen = api._resolve_backend(backend, return_softmax_lse, batch, "return_softmax_lse")
         if k is not None:  # after every check: a refused call leaves the cache as it was
             _append(k_cache, v_cache, k, v, slots)
         out, lse = chosen.attention(batch)
-    out = out.view(q.shape)  # grouped: (B * H, 1, D) in (entry, head) order, as q's (B, 1, H, D)
+        if grouped:
+            out, lse = grouped.merge(out, lse)
+    out = out.view(q.shape)
     if not return_softmax_lse:
         return out
     if grouped:
-        return out, lse.view(batch_size, q.shape[2], 1)  # (1, B * H) -> (B, H, 1)
+        return out, lse
     return out, lse.view(q.shape[2], batch_size, seqlen_q).transpose(0, 1).contiguous()  # (H, B*Sq) -> (B, H, Sq)
 
 
@@ -159,7 +156,7 @@ def _read_slots(
     cache_seqlens: int | Tensor | None,
     cache_batch_idx: Tensor | None,
     cache_leftpad: Tensor | None,
-) -> _Slots:
+) -> Slots:
     """Check cache_seqlens, cache_batch_idx and cache_leftpad, their values included (a host sync when they are on a
     GPU: the gather needs the lengths on the host anyway), and where every entry's keys sit."""
     batch_size, (cache_rows, seqlen_cache) = q.shape[0], k_cache.shape[:2]
@@ -192,7 +189,7 @@ def _read_slots(
     starts = [0] * batch_size if cache_leftpad is None else _int32_values(cache_leftpad, "cache_leftpad", q)
     if any(not 0 <= s <= n for s, n in zip(starts, seqlens, strict=True)):
         raise ValueError(f"cache_leftpad: expected values in [0, cache_seqlens] ({seqlens}), got {starts}")
-    return _Slots(rows, starts, [n + new for n in seqlens], seqlens)
+    return Slots(rows, starts, [n + new for n in seqlens], seqlens)
 
 
 def _int32_values(x: Tensor, name: str, q: Tensor) -> list[int]:
@@ -208,7 +205,7 @@ def _int32_values(x: Tensor, name: str, q: Tensor) -> list[int]:
     return x.tolist()
 
 
-def _append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: _Slots) -> None:
+def _append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Slots) -> None:
     """Write k, v (B, Sk_new, Hk, D) into the caches at slots [cache_seqlens, cache_seqlens + Sk_new) of each row."""
     device = k_cache.device
     rows = torch.tensor(slots.rows, device=device)[:, None]  # (B, 1)
@@ -217,84 +214,13 @@ def _append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: _Slot
     v_cache[rows, at] = v
 
 
-def _readable_in_place(k_cache: Tensor, v_cache: Tensor, slots: _Slots) -> bool:
-    """Whether the entries' documents can lie in the cache itself: rows in increasing order, a contiguous cache."""
-    increasing = all(a < b for a, b in itertools.pairwise(slots.rows))
-    return increasing and k_cache.is_contiguous() and v_cache.is_contiguous()
-
-
-def _grouped_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: _Slots, spec: MaskSpec) -> bool:
-    """Whether `_grouped_batch` can run the call: one query per entry, so that it sees every visible key (causal or
-    not; a left window would need each query's position), over a cache kept head-major ((B, Hk, S, D) in memory, as
-    transformers keeps it) whose rows come in increasing order."""
-    head_major = all(c.permute(0, 2, 1, 3).is_contiguous() for c in (k_cache, v_cache))
-    increasing = all(a < b for a, b in itertools.pairwise(slots.rows))
-    return q.shape[1] == 1 and spec.window[0] == -1 and head_major and increasing
-
-
-def _grouped_batch(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: _Slots, spec: MaskSpec, scale: float, softcap: float
-) -> AttentionBatch:
-    """Decoding over a head-major cache read where it lies: each (entry, key head) is a document of one head, its
-    keys that head's visible slots and its queries the query heads that share them (the GQA group), so one query
-    tile reads a key head's keys once for the whole group. Slots between are documents without queries."""
-    batch_size, heads = q.shape[0], q.shape[2]
-    kv_heads, seqlen_cache = k_cache.shape[2], k_cache.shape[1]
-    group = heads // kv_heads
-    bounds_k, bounds_q = [0], [0]
-    for row, start, end in zip(slots.rows, slots.starts, slots.ends, strict=True):
-        for head in range(kv_heads):
-            base = (row * kv_heads + head) * seqlen_cache
-            _add_document(bounds_k, bounds_q, base + start, base + end, group)
-    k_keys, v_keys = (c.permute(0, 2, 1, 3).reshape(-1, 1, c.shape[-1])[: bounds_k[-1]] for c in (k_cache, v_cache))
-    queries = q.reshape(batch_size * heads, 1, q.shape[-1])  # (B * H, 1, D): entry, then key head, then its group
-    no_positions = dataclasses.replace(spec, causal=False, window=(-1, -1))  # a lone last query sees every key
-    return _documents(queries, k_keys, v_keys, bounds_q, bounds_k, group, no_positions, scale, softcap)
-
-
-def _add_document(bounds_k: list[int], bounds_q: list[int], first: int, end: int, queries: int) -> None:
-    """Append a document of keys [first, end) and `queries` queries, after one without queries for the keys
-    between the last document and `first`."""
-    if first > bounds_k[-1]:
-        bounds_k.append(first)
-        bounds_q.append(bounds_q[-1])
-    bounds_k.append(end)
-    bounds_q.append(bounds_q[-1] + queries)
-
-
-def _documents(
-    q: Tensor, k: Tensor, v: Tensor, bounds_q: list[int], bounds_k: list[int], max_seqlen_q: int, spec: MaskSpec,
-    scale: float, softcap: float,
-) -> AttentionBatch:  # fmt: skip
-    """The varlen batch of documents with those query and key boundaries."""
-    max_seqlen_k = max(b - a for a, b in itertools.pairwise(bounds_k))
-    cu_seqlens_q, cu_seqlens_k = (torch.tensor(b, device=q.device, dtype=torch.int32) for b in (bounds_q, bounds_k))
-    return AttentionBatch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, scale, softcap)
-
-
-def _cache_batch(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: _Slots, spec: MaskSpec, scale: float, softcap: float
-) -> AttentionBatch:
-    """The cache's rows as one key axis: entry b's slots [cache_leftpad, cache_seqlens + Sk_new) of its row are a
-    document with its Sq queries, every run of slots between two entries' a document without queries. The new keys
-    are appended before the backend reads them (views: nothing is copied)."""
-    batch_size, seqlen_q = q.shape[:2]
-    seqlen_cache = k_cache.shape[1]
-    bounds_k, bounds_q = [0], [0]
-    for row, start, end in zip(slots.rows, slots.starts, slots.ends, strict=True):
-        _add_document(bounds_k, bounds_q, row * seqlen_cache + start, row * seqlen_cache + end, seqlen_q)
-    k_keys, v_keys = (cache.view(-1, *cache.shape[2:])[: bounds_k[-1]] for cache in (k_cache, v_cache))
-    q_packed = q.reshape(batch_size * seqlen_q, *q.shape[2:])  # (B * Sq, H, D)
-    return _documents(q_packed, k_keys, v_keys, bounds_q, bounds_k, seqlen_q, spec, scale, softcap)
-
-
 def _packed_batch(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
     k: Tensor | None,
     v: Tensor | None,
-    slots: _Slots,
+    slots: Slots,
     max_seqlen_k: int,
     spec: MaskSpec,
     scale: float,
@@ -313,7 +239,7 @@ def _packed_batch(
     )
 
 
-def _packed_keys(cache: Tensor, new: Tensor | None, slots: _Slots, cu_seqlens: Tensor) -> Tensor:
+def _packed_keys(cache: Tensor, new: Tensor | None, slots: Slots, cu_seqlens: Tensor) -> Tensor:
     """(T, Hk, D): entry b's slots [cache_leftpad, cache_seqlens) of its cache row, then its new keys, from
     cu_seqlens[b]. Read before the append, so a backend that refuses the batch leaves the cache untouched."""
     device, batch_size = cache.device, len(slots.rows)

@@ -309,18 +309,24 @@ def test_emulated_gradients_contiguous_for_permuted_inputs(backend: str, rng):
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 @pytest.mark.parametrize(
-    ("rows", "seqlen_q", "head_major"), [("leftpad", 1, False), ("increasing_idx", 3, False), ("leftpad", 1, True)]
+    ("rows", "seqlen_q", "head_major", "num_splits"),
+    [("leftpad", 1, False, 0), ("increasing_idx", 3, False, 0), ("leftpad", 1, True, 1), ("leftpad", 1, True, 3)],
 )
-def test_emulated_kernels_read_a_kv_cache_where_it_lies(backend: str, rows: str, seqlen_q: int, head_major, rng):
+def test_emulated_kernels_read_a_kv_cache_where_it_lies(
+    backend: str, rows: str, seqlen_q: int, head_major: bool, num_splits: int, rng
+):
     """flash_attn_with_kvcache on the kernels over the cache itself: documents without queries between the entries'
     slots (left padding, unused rows and tails, all NaN), GQA, new keys appended in place; decoding over
-    transformers' head-major layout, each key head a document queried by its group; against float64."""
+    transformers' head-major layout, each key head a document queried by its group, its keys whole or in parts
+    merged by their logsumexp; against float64."""
     from test_kvcache import assert_same_cache, expected, make_inputs
 
     kw = {"heads": 4, "kv_heads": 2, "dtype": torch.bfloat16, "head_dim": 64, "head_major": head_major}
     args = make_inputs(seqlen_q, 1, rows, **kw)
     out_want, lse_want, k_want, v_want = expected(args, causal=True)
-    out, lse = flash_attn_with_kvcache(**args, causal=True, return_softmax_lse=True, backend=backend)
+    out, lse = flash_attn_with_kvcache(
+        **args, causal=True, num_splits=num_splits, return_softmax_lse=True, backend=backend
+    )
     torch.testing.assert_close(out.double(), out_want, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse.double(), lse_want, atol=1e-2, rtol=1e-3)
     assert_same_cache(args["k_cache"], k_want)

@@ -154,6 +154,27 @@ def test_rows_in_order_are_read_where_they_lie(rows, head_major, seqlen_q, in_pl
     assert batch.q.shape[1] == heads
 
 
+@pytest.mark.parametrize("new", [0, 2])
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 200])  # 200: more parts than any entry has keys
+def test_split_decoding_merges_to_the_oracle(num_splits, new, rng, monkeypatch):
+    """Decoding over transformers' layout with the keys split in parts, merged by their logsumexp: the same as
+    attention over all keys. Entry 0 has no cached key (with new=0 none at all: output 0, logsumexp -inf)."""
+    args = make_inputs(1, new, "leftpad", head_major=True)
+    out_want, lse_want, *_ = expected(args, causal=True, softcap=1.5)
+    seen = []
+    reference = backends.get("reference")
+    monkeypatch.setattr(type(reference), "attention", lambda self, batch: seen.append(batch) or ATTENTION(self, batch))
+    out, lse = flash_attn_with_kvcache(
+        **args, causal=True, softcap=1.5, num_splits=num_splits, return_softmax_lse=True, backend="reference"
+    )
+    torch.testing.assert_close(out.double(), out_want, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), lse_want, atol=2e-5, rtol=1e-5)
+    [batch] = seen  # a document per (entry, key head, part), each with the group's queries
+    assert batch.q.shape[0] == BATCH * HEADS * num_splits and batch.max_seqlen_q == HEADS // KV_HEADS
+    if new == 0:
+        assert torch.equal(out[0], torch.zeros_like(out[0])) and bool((lse[0] == -torch.inf).all())
+
+
 def test_int_cache_seqlens_equals_the_tensor_and_none_means_the_whole_cache(rng):
     q, k_cache, v_cache = torch.randn(2, 1, 4, 8), torch.randn(2, 9, 1, 8), torch.randn(2, 9, 1, 8)
     k, v = torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1, 8)
