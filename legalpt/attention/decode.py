@@ -16,6 +16,7 @@ copy of the group's queries, and the parts are merged by their logsumexp.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -49,7 +50,7 @@ def documents(
 ) -> AttentionBatch:  # fmt: skip
     """The varlen batch of documents with those query and key boundaries."""
     max_seqlen_k = max(b - a for a, b in itertools.pairwise(bounds_k))
-    cu_seqlens_q, cu_seqlens_k = (torch.tensor(b, device=q.device, dtype=torch.int32) for b in (bounds_q, bounds_k))
+    cu_seqlens_q, cu_seqlens_k = (_on_device(tuple(b), q.device) for b in (bounds_q, bounds_k))
     return AttentionBatch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, scale, softcap)
 
 
@@ -102,14 +103,8 @@ class GroupedDecode:
         kv_heads, seqlen_cache = k_cache.shape[2], k_cache.shape[1]
         group = heads // kv_heads
         parts = num_splits or split_heuristic(q.device, batch_size * kv_heads, max(slots.lengths, default=0))
-        bounds_k, bounds_q = [0], [0]
-        for row, start, end in zip(slots.rows, slots.starts, slots.ends, strict=True):
-            step = -(-(end - start) // parts)  # keys per part; the last parts of a short entry may hold none
-            for head in range(kv_heads):
-                base = (row * kv_heads + head) * seqlen_cache
-                for part in range(parts):
-                    first = min(start + part * step, end)
-                    add_document(bounds_k, bounds_q, base + first, base + min(first + step, end), group)
+        key = (tuple(slots.rows), tuple(slots.starts), tuple(slots.ends), kv_heads, seqlen_cache, parts, group)
+        bounds_q, bounds_k = _grouped_bounds(*key)
         k_keys, v_keys = (c.permute(0, 2, 1, 3).reshape(-1, 1, head_dim)[: bounds_k[-1]] for c in (k_cache, v_cache))
         # (B * Hk * parts * group, 1, D): entry, key head, part, then the group's query heads
         queries = q.reshape(batch_size, kv_heads, 1, group, head_dim).expand(-1, -1, parts, -1, -1)
@@ -130,6 +125,32 @@ class GroupedDecode:
         weights = torch.where(torch.isfinite(merged), (lse - merged).exp(), 0.0)  # (B, Hk, parts, group)
         combined = (out.float() * weights[..., None]).sum(2).to(out.dtype)  # (B, Hk, group, D)
         return combined.reshape(-1, 1, self.heads, head_dim), merged.reshape(-1, self.heads, 1)
+
+
+@functools.lru_cache(maxsize=4)
+def _grouped_bounds(
+    rows: tuple[int, ...], starts: tuple[int, ...], ends: tuple[int, ...], kv_heads: int, seqlen_cache: int,
+    parts: int, group: int,
+) -> tuple[tuple[int, ...], tuple[int, ...]]:  # fmt: skip
+    """(query, key) boundaries of the documents of (entry, key head, part) over a head-major cache; cached, as every
+    layer of a decoding step asks for the same."""
+    bounds_k, bounds_q = [0], [0]
+    for row, start, end in zip(rows, starts, ends, strict=True):
+        step = -(-(end - start) // parts)  # keys per part; the last parts of a short entry may hold none
+        for head in range(kv_heads):
+            base = (row * kv_heads + head) * seqlen_cache
+            for part in range(parts):
+                first = min(start + part * step, end)
+                add_document(bounds_k, bounds_q, base + first, base + min(first + step, end), group)
+    return tuple(bounds_q), tuple(bounds_k)
+
+
+@functools.lru_cache(maxsize=8)
+def _on_device(bounds: tuple[int, ...], device: torch.device) -> Tensor:
+    """Document boundaries as int32 on `device`, copied once for all the layers of a step that ask for them; on a
+    GPU from pinned memory, so that the copy does not make the host wait for the kernels queued before it."""
+    host = torch.tensor(bounds, dtype=torch.int32)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
 def split_heuristic(device: torch.device, documents: int, longest: int) -> int:

@@ -175,6 +175,24 @@ def test_split_decoding_merges_to_the_oracle(num_splits, new, rng, monkeypatch):
         assert torch.equal(out[0], torch.zeros_like(out[0])) and bool((lse[0] == -torch.inf).all())
 
 
+def test_the_layers_of_a_step_read_the_padding_from_the_host_once(rng, monkeypatch):
+    """Every layer passes the same cache_leftpad tensor: its values are read once (a host sync on a GPU), and read
+    again when it changes in place."""
+    args = make_inputs(1, 0, "leftpad", head_major=True)
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self) or tolist(self))
+    first = [flash_attn_with_kvcache(**args, causal=True) for _ in range(3)]
+    assert sum(r is args["cache_leftpad"] for r in reads) == 1
+    assert all(torch.equal(out, first[0]) for out in first)
+    args["cache_leftpad"].zero_()  # every slot from 0 is visible now (the NaN slots are before the old padding)
+    args["k_cache"].nan_to_num_(0.0)
+    args["v_cache"].nan_to_num_(0.0)
+    out_want, *_ = expected(args, causal=True)
+    torch.testing.assert_close(flash_attn_with_kvcache(**args, causal=True).double(), out_want, atol=2e-5, rtol=1e-5)
+    assert sum(r is args["cache_leftpad"] for r in reads) == 2
+
+
 def test_int_cache_seqlens_equals_the_tensor_and_none_means_the_whole_cache(rng):
     q, k_cache, v_cache = torch.randn(2, 1, 4, 8), torch.randn(2, 9, 1, 8), torch.randn(2, 9, 1, 8)
     k, v = torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1, 8)
