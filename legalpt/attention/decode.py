@@ -50,7 +50,7 @@ def documents(
 ) -> AttentionBatch:  # fmt: skip
     """The varlen batch of documents with those query and key boundaries."""
     max_seqlen_k = max(b - a for a, b in itertools.pairwise(bounds_k))
-    cu_seqlens_q, cu_seqlens_k = (_on_device(tuple(b), q.device) for b in (bounds_q, bounds_k))
+    cu_seqlens_q, cu_seqlens_k = (on_device(tuple(b), q.device) for b in (bounds_q, bounds_k))
     return AttentionBatch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, scale, softcap)
 
 
@@ -146,9 +146,10 @@ def _grouped_bounds(
 
 
 @functools.lru_cache(maxsize=8)
-def _on_device(bounds: tuple[int, ...], device: torch.device) -> Tensor:
-    """Document boundaries as int32 on `device`, copied once for all the layers of a step that ask for them; on a
-    GPU from pinned memory, so that the copy does not make the host wait for the kernels queued before it."""
+def on_device(bounds: tuple[int, ...], device: torch.device) -> Tensor:
+    """Host integers (document boundaries, cache rows and slots) as int32 on `device`, copied once for all the layers
+    of a step that ask for them; on a GPU from pinned memory, so that the copy does not make the host wait for the
+    kernels queued before it. Callers only read the tensor: it is shared."""
     host = torch.tensor(bounds, dtype=torch.int32)
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 

@@ -218,8 +218,8 @@ _last_read: dict[str, tuple[Tensor, int, list[int]]] = {}
 def _append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Slots) -> None:
     """Write k, v (B, Sk_new, Hk, D) into the caches at slots [cache_seqlens, cache_seqlens + Sk_new) of each row."""
     device = k_cache.device
-    rows = torch.tensor(slots.rows, device=device)[:, None]  # (B, 1)
-    at = torch.tensor(slots.appended_at, device=device)[:, None] + torch.arange(k.shape[1], device=device)  # (B, Sn)
+    rows = decode.on_device(tuple(slots.rows), device).long()[:, None]  # (B, 1)
+    at = decode.on_device(tuple(slots.appended_at), device).long()[:, None] + torch.arange(k.shape[1], device=device)
     k_cache[rows, at] = k
     v_cache[rows, at] = v
 
