@@ -382,7 +382,7 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas, each in [0, 1)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     mixed_precision: str = "auto"  # auto (bf16 where the GPU supports it) | bf16 | fp16 | no
-    eval_every: int = 20  # steps between held-out evaluations (also at step 0 and at the end)
+    eval_every: int = 20  # steps between held-out evaluations (also at step 0 and at the end); 0 = none
     eval_batches: int = 8  # held-out micro-batches per evaluation; 0 = the whole held-out split
     # live evaluation on held-out documents (legalpt.train.live_eval), with legalpt-eval's eval.* settings:
     eval_citations: int = 0  # citation items continued greedily and scored at each one; 0 = no citation metrics
@@ -423,9 +423,9 @@ class TrainConfig:
     def validate(self, key: str = "train") -> None:
         """Raise ConfigError at the first bad field."""
         _expect(bool(self.output_dir), f"{key}.output_dir", "a folder", self.output_dir)
-        _at_least(1, self, key, "steps", "batch_size", "grad_accum", "eval_every", "save_every", "log_every",
+        _at_least(1, self, key, "steps", "batch_size", "grad_accum", "save_every", "log_every",
                   "keep_checkpoints")  # fmt: skip
-        _at_least(0, self, key, "warmup_steps", "eval_batches", "eval_citations", "eval_documents",
+        _at_least(0, self, key, "eval_every", "warmup_steps", "eval_batches", "eval_citations", "eval_documents",
                   "eval_documents_every", "profile_steps", "profile_start")  # fmt: skip
         _positive(f"{key}.lr", self.lr)
         _expect(0 <= self.min_lr_ratio <= 1, f"{key}.min_lr_ratio", "a number in [0, 1]", self.min_lr_ratio)
@@ -443,6 +443,9 @@ class TrainConfig:
         _one_of(f"{key}.distributed", self.distributed, DISTRIBUTED)
         _one_of(f"{key}.precision", self.precision, PRECISIONS)
         _one_of(f"{key}.compile_mode", self.compile_mode, COMPILE_MODES)
+        if self.eval_every == 0 and (self.eval_citations or self.eval_documents):  # their cadence defaults to it
+            _expect(self.eval_documents_every >= 1, f"{key}.eval_documents_every", f"a number >= 1 with "
+                    f"{key}.eval_every=0 and live evaluation on", self.eval_documents_every)  # fmt: skip
         if self.profile_steps:
             _expect(self.profile_start + self.profile_steps <= self.steps, f"{key}.profile_start",
                     f"at most train.steps - train.profile_steps = {self.steps - self.profile_steps}",

@@ -329,8 +329,9 @@ class Evaluations:
         self.live = LiveEval.start(training.cfg, training.data.tokenizer, training.accelerator, training.run_dir)
 
     def loss(self, step: int) -> None:
-        """Held-out loss and perplexity at `step` over up to train.eval_batches batches; none without held-out rows."""
-        if self.heldout.num_rows == 0:
+        """Held-out loss and perplexity at `step` over up to train.eval_batches batches; none without held-out rows
+        or with train.eval_every=0."""
+        if self.heldout.num_rows == 0 or self.tc.eval_every == 0:
             return
         tc, accelerator = self.tc, self.accelerator
         loader = make_loader(self.heldout, tc.batch_size, accelerator, seed=None, even_batches=False)
@@ -403,7 +404,7 @@ def evaluate_and_save(training: Training, evals: Evaluations, meter: Throughput,
     """After `step`: the evaluations due, unless a stop signal came; a checkpoint when one is due or one did."""
     tc, result = training.cfg.train, evals.result
     # tokens/s and MFU measure training, not evaluation and saving
-    if not result.stopped_by and (step % tc.eval_every == 0 or step == tc.steps):
+    if not result.stopped_by and tc.eval_every and (step % tc.eval_every == 0 or step == tc.steps):
         with meter.paused():
             evals.loss(step)
     if not result.stopped_by and evals.live is not None and evals.live.due(step):

@@ -160,12 +160,30 @@ def test_a_micro_batch_without_targets_adds_nothing_instead_of_nan(model_and_bat
 
 
 @pytest.mark.parametrize(
-    "override", ["train.grad_accum=0", "train.eval_every=0", "train.keep_checkpoints=0", "train.steps=0"]
+    "override", ["train.grad_accum=0", "train.eval_every=-1", "train.keep_checkpoints=0", "train.steps=0"]
 )
 def test_values_the_loop_cannot_run_with_are_named(tmp_path, override):
     key = override.split("=")[0]
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path}", override)))
+
+
+def test_eval_every_zero_trains_without_held_out_evaluation(tmp_path):
+    run_dir = tmp_path / "run"
+    result = trainer.train(
+        compose("train", tiny_overrides(tmp_path, f"train.output_dir={run_dir}", "train.eval_every=0"))
+    )
+    assert result.eval_losses == [] and result.checkpoint == run_dir / "checkpoints" / "step_000006"
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert not any("eval/loss" in m for m in lines) and any("train/loss" in m for m in lines)
+
+
+def test_live_evaluation_needs_its_own_cadence_without_eval_every(tmp_path):
+    overrides = tiny_overrides(tmp_path, f"train.output_dir={tmp_path}", "train.eval_every=0", "train.eval_documents=2")
+    with pytest.raises(
+        ValueError, match=r"train\.eval_documents_every: expected a number >= 1 with train\.eval_every=0"
+    ):
+        trainer.train(compose("train", overrides))
 
 
 def test_heldout_loss_skips_batches_without_targets(model_and_batches):
