@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "scripts" / "bench_attention.py"
-KEY = ("mask", "head_dim", "seqlen_q", "batch", "heads", "heads_k", "mode", "impl")  # a row's identity across commits
+KEY = ("mask", "head_dim", "seqlen_q", "batch", "heads", "heads_k", "layers", "mode", "impl")  # a row across commits
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -111,7 +111,7 @@ def build_kernels(trees: dict[str, Path], work: Path, dims: tuple[int, ...]) -> 
 def load_rows(out: Path) -> dict[tuple, dict]:
     [record] = out.glob("attention-*.json")
     rows = json.loads(record.read_text())["rows"]
-    return {tuple(row.get(k, row["heads"]) if k == "heads_k" else row[k] for k in KEY): row for row in rows}
+    return {tuple(row[k] for k in KEY): row for row in rows}  # this checkout's bench_attention wrote every row
 
 
 def compare(labels: list[str], runs: list[dict[tuple, dict]]) -> str:

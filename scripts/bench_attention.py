@@ -30,6 +30,8 @@ several processes and gather the parts in one record with --merge (which adds to
     python scripts/bench_attention.py --quick                         # a handful of shapes for kernel development
     python scripts/bench_attention.py --masks causal --merge          # one part of a split run
     python scripts/bench_attention.py --quick --kernel-times 10       # and each kernel's time per run (profiler)
+    python scripts/bench_attention.py --layers 22 --kernel-times 3 --impls fa3 --masks varlen-causal --head-dims 64 \
+        --modes fwd+bwd                                               # a 22-layer stack: kernel_share = 1 - host
     python scripts/bench_attention.py --device cpu --out /tmp/bench   # dry run: reference and flex, tiny shapes
 
 With --ncu-runs N the selected shapes' implementations and modes only run N times each, untimed and unrecorded: the
@@ -92,7 +94,7 @@ def bench_shape(shape: Shape, args: argparse.Namespace, device: torch.device, dt
     base = {
         "group": shape.group, "mask": shape.mask, "dtype": str(dtype).removeprefix("torch."),
         "head_dim": shape.head_dim, "seqlen_q": shape.seqlen, "seqlen_k": shape.seqlen, "batch": shape.batch,
-        "heads": shape.heads, "heads_k": shape.kv_heads, "causal": shape.causal,
+        "heads": shape.heads, "heads_k": shape.kv_heads, "causal": shape.causal, "layers": args.layers,
         "documents": len(shape.doc_lens) or None,
         "density": pairs / (shape.batch * shape.seqlen**2),
     }  # fmt: skip
@@ -108,21 +110,26 @@ def bench_shape(shape: Shape, args: argparse.Namespace, device: torch.device, dt
                 row["error"] = checks[impl]
             else:
                 row["max_abs_diff"], row["diff_vs"] = checks[impl]
-                row.update(_measure(mode, run, x, fwd_flops, device, args.cpu_reps, args.kernel_times))
+                row.update(_measure(mode, run, x, fwd_flops * args.layers, device, args, args.layers))
             rows.append(row)
             print(_progress(row), flush=True)
     return rows
 
 
 def _measure(
-    mode: str, run: Runner, x: Inputs, fwd_flops: int, device: torch.device, cpu_reps: int, kernel_steps: int
+    mode: str, run: Runner, x: Inputs, fwd_flops: int, device: torch.device, args: argparse.Namespace, layers: int
 ) -> dict:
+    """A row's measurement of `layers` calls a step: ms, TFLOP/s, peak memory, and with --kernel-times each kernel's
+    time and the share of the wall time they fill."""
     flops = fwd_flops * MODE_FLOPS[mode]
     try:
-        step = mode_step(mode, run, x)
+        step = mode_step(mode, run, x, layers)
         peak = peak_mib(step, device)
-        ms = median_ms(step, device, cpu_reps)
-        kernels = {"kernels_us": kernel_times(step, device, kernel_steps)} if kernel_steps else {}
+        ms = median_ms(step, device, args.cpu_reps)
+        kernels = {}
+        if args.kernel_times:
+            kernels["kernels_us"] = kernel_times(step, device, args.kernel_times)
+            kernels["kernel_share"] = sum(kernels["kernels_us"].values()) / 1e3 / ms
     except Exception as error:  # recorded in the row; the run goes on
         return {"error": error_message(error)}
     return {"ms": ms, "tflops": flops / ms / 1e9, "peak_mib": peak, **kernels}
@@ -179,6 +186,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also profile STEPS runs per row: microseconds per run of each kernel, in the row's kernels_us",
     )  # fmt: skip
     parser.add_argument(
+        "--layers", type=int, default=1, metavar="L",
+        help="each timed step makes L calls, as L layers do (fwd+bwd: L forwards, one backward through all); with "
+        "--kernel-times a row's kernel_share is the kernels' time over the wall time: what host overhead leaves",
+    )  # fmt: skip
+    parser.add_argument(
         "--ncu-runs", type=int, default=0, metavar="N",
         help="only run each selected shape, implementation and mode N times, untimed, for ncu (no record)",
     )  # fmt: skip
@@ -193,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--cpu-reps must be >= 1; got {args.cpu_reps}")
     if args.ncu_runs < 0:
         parser.error(f"--ncu-runs must be >= 0 (0: measure as usual); got {args.ncu_runs}")
+    if args.layers < 1:
+        parser.error(f"--layers must be >= 1; got {args.layers}")
     if args.kernel_times < 0:
         parser.error(f"--kernel-times must be >= 0 (0: no profile); got {args.kernel_times}")
     if not cpu and not torch.cuda.is_available():
@@ -211,7 +225,7 @@ def run_for_profiler(shapes: list[Shape], args: argparse.Namespace, device: torc
                 if skip := step_skip(impl, run, mode, device):
                     print(f"{what}: skipped, {skip}")
                     continue
-                step = mode_step(mode, run, x)
+                step = mode_step(mode, run, x, args.layers)
                 for _ in range(args.ncu_runs):
                     step()
                 if device.type == "cuda":

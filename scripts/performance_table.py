@@ -323,7 +323,8 @@ def _shape(e: dict, tflops: dict) -> str:
 
 
 def _key(e: dict) -> tuple:
-    return e["group"], e["mask"], e["head_dim"], e["seqlen_q"], e["batch"], e["heads"], _kv_heads(e), e["mode"]
+    return (e["group"], e["mask"], e["head_dim"], e["seqlen_q"], e["batch"], e["heads"], _kv_heads(e),
+            e.get("layers", 1), e["mode"])  # fmt: skip
 
 
 def _kv_heads(e: dict) -> int:

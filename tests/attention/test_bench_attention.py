@@ -51,8 +51,8 @@ def test_ncu_runs_only_run_each_step(bench, shapes, tmp_path, monkeypatch, capsy
     runs = []
     step_of = bench.mode_step
 
-    def counted(mode, run, x):
-        step = step_of(mode, run, x)
+    def counted(mode, run, x, layers):
+        step = step_of(mode, run, x, layers)
         return lambda: (runs.append((mode, x.shape.seqlen)), step())
 
     monkeypatch.setattr(bench, "mode_step", counted)
@@ -129,3 +129,23 @@ def test_merge_adds_a_part_to_the_record_of_the_day(bench, tmp_path):
     first, second = record["header"]["parts"]
     assert "--masks causal" in first and "--masks dense" in second and "--merge" in second
     assert len(record["ratios"]) == len(record["rows"])  # one row per shape and mode: reference alone
+
+
+def test_layers_stack_calls_and_say_what_the_kernels_fill(bench, tmp_path):
+    args = [*ARGS, "--seqlens", "256", "--modes", "fwd", "fwd+bwd", "--layers", "3", "--kernel-times", "1"]
+    assert bench.main([*args, "--out", str(tmp_path)]) == 0
+    rows = [r for r in _record(tmp_path)["rows"] if r["ms"] is not None]
+    assert rows and all(r["layers"] == 3 and r["kernel_share"] > 0 for r in rows)
+    x = bench.make_inputs(bench.plan(bench.CPU_SCALE, quick=True)[0], bench.torch.float32, "cpu")
+    calls = []
+
+    def run():
+        calls.append(1)
+        return x.q * x.k.sum() * x.v.sum()
+
+    for mode in ("fwd", "bwd", "fwd+bwd"):
+        calls.clear()
+        step = bench.mode_step(mode, run, x, 3)
+        made = len(calls)  # bwd: its forwards run when the step is made, outside the timing
+        step()
+        assert (made, len(calls)) == ((3, 3) if mode == "bwd" else (0, 3))

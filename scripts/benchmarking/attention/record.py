@@ -13,7 +13,8 @@ from .. import record
 
 OURS = ("fa3", "fa2", "reference")  # the implementation the ratios are of: the first of these that runs
 THEIRS = ("sdpa-flash", "sdpa-cudnn", "flex")  # what the ratios compare it with
-_KEY_FIELDS = ("group", "mask", "head_dim", "seqlen_q", "batch", "heads", "heads_k", "mode")  # a shape and mode
+_KEY_FIELDS = ("group", "mask", "head_dim", "seqlen_q", "batch", "heads", "heads_k", "layers", "mode")  # shape, mode
+_DEFAULTS = {"heads_k": lambda row: row["heads"], "layers": lambda row: 1}  # fields older records lack
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -38,7 +39,7 @@ def ratios(rows: list[dict]) -> list[dict]:
 
 
 def _key(row: dict) -> tuple:
-    return tuple(row.get(f, row["heads"]) if f == "heads_k" else row[f] for f in _KEY_FIELDS)  # older rows: MHA
+    return tuple(row[f] if f in row else _DEFAULTS[f](row) for f in _KEY_FIELDS)
 
 
 def format_ratios(table: list[dict]) -> str:

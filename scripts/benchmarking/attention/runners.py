@@ -124,15 +124,16 @@ def step_skip(impl: str, run: Runner | str, mode: str, device: torch.device) -> 
     return None
 
 
-def mode_step(mode: str, run: Runner, x: Inputs) -> Callable[[], object]:
-    """What one timed repetition does; for bwd the forward runs here, once, outside the timing."""
-    inputs = (x.q, x.k, x.v)
+def mode_step(mode: str, run: Runner, x: Inputs, layers: int = 1) -> Callable[[], object]:
+    """What one timed repetition does: `layers` calls, as a model's layers make them (fwd+bwd: every forward, then
+    one backward through all); for bwd the forwards run here, once, outside the timing."""
+    inputs, grads = (x.q, x.k, x.v), [x.grad_out] * layers
     if mode == "fwd":
-        return run
+        return run if layers == 1 else lambda: [run() for _ in range(layers)]
     if mode == "bwd":
-        out = run()
-        return lambda: torch.autograd.grad(out, inputs, x.grad_out, retain_graph=True)
-    return lambda: torch.autograd.grad(run(), inputs, x.grad_out)
+        outs = [run() for _ in range(layers)]
+        return lambda: torch.autograd.grad(outs, inputs, grads, retain_graph=True)
+    return lambda: torch.autograd.grad([run() for _ in range(layers)], inputs, grads)
 
 
 def check_outputs(runners: dict[str, Runner | str]) -> dict[str, tuple | str]:
