@@ -282,9 +282,11 @@ def stream_batches(
 
 
 def _to(value, device: torch.device | str, cuda: bool):
-    if not isinstance(value, torch.Tensor):
-        return value
-    return value.pin_memory().to(device, non_blocking=True) if cuda else value.to(device)
+    """A batch value on `device`: a tensor through pinned memory on CUDA; anything else with a `to` (a context
+    parallel share's RingPlan) by its own."""
+    if isinstance(value, torch.Tensor) and cuda:
+        return value.pin_memory().to(device, non_blocking=True)
+    return value.to(device) if hasattr(value, "to") else value
 
 
 @dataclass

@@ -300,3 +300,23 @@ def test_streaming_memory_benchmark_adds_its_record(tmp_path, rng):
     peaks = [row["peak_rss_mib"] for row in rows]
     assert result["peak_ratio"] == pytest.approx(max(peaks) / min(peaks), abs=1e-3)
     assert result["met"] == (max(peaks) <= 1.2 * min(peaks))
+
+
+def test_stream_batches_move_every_value_that_can_move(tmp_path, tokenizer, rng):
+    """Tensors go to the device, and so does a value with its own `to` (a context-parallel share's RingPlan)."""
+
+    class Plan:
+        def __init__(self, where="cpu"):
+            self.where = where
+
+        def to(self, device):
+            return Plan(str(device))
+
+    write_corpus(tmp_path / "corpus", rng, files=1, per_file=4)
+    packed = stream(tmp_path / "corpus", tokenizer, 32, epochs=1)
+
+    def collate(rows):
+        return {"input_ids": torch.tensor([r["input_ids"] for r in rows]), "plan": Plan(), "name": "rows"}
+
+    batch = next(stream_batches(packed, 2, device="meta", collate=collate))
+    assert batch["input_ids"].device.type == "meta" and batch["plan"].where == "meta" and batch["name"] == "rows"
