@@ -118,11 +118,13 @@ def schedule_for(
     back), so the layers of one step, which share `cu_seqlens` and the layout, build the schedule once.
     """
     tensors = [t for t in (cu_seqlens_q, cu_seqlens_k, spec.block_layout) if t is not None]
+    versions = [version(t) for t in tensors]
     key = (
         spec.causal, spec.window, spec.global_tokens, spec.dilation, spec.block_size, max_seqlen_q, max_seqlen_k,
-        tile, transposed, device, *((id(t), t._version, tuple(t.shape)) for t in tensors),
+        tile, transposed, device, *((id(t), v, tuple(t.shape)) for t, v in zip(tensors, versions, strict=True)),
     )  # fmt: skip
-    hit = _cache.get(key)
+    cacheable = None not in versions
+    hit = _cache.get(key) if cacheable else None
     if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors, strict=True)):
         _cache.move_to_end(key)
         return hit[1]
@@ -132,7 +134,14 @@ def schedule_for(
     else:
         lens_q, lens_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
     schedule = build_schedule(tile_states(spec, lens_q, lens_k, max_seqlen_q, max_seqlen_k, tile), tile, transposed)
-    _cache[key] = ([weakref.ref(t) for t in tensors], schedule)
-    if len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
+    if cacheable:
+        _cache[key] = ([weakref.ref(t) for t in tensors], schedule)
+        if len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
     return schedule
+
+
+def version(t: Tensor) -> int | None:
+    """A tensor's version counter, which in-place edits advance; None for an inference tensor, which has none, so
+    that a cache keyed by identity and version must not keep what it computed from it."""
+    return None if t.is_inference() else t._version

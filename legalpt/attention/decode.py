@@ -45,11 +45,10 @@ def add_document(bounds_k: list[int], bounds_q: list[int], first: int, end: int,
 
 
 def documents(
-    q: Tensor, k: Tensor, v: Tensor, bounds_q: list[int], bounds_k: list[int], max_seqlen_q: int, spec: MaskSpec,
-    scale: float, softcap: float,
+    q: Tensor, k: Tensor, v: Tensor, bounds_q: list[int] | tuple[int, ...], bounds_k: list[int] | tuple[int, ...],
+    max_seqlen_q: int, max_seqlen_k: int, spec: MaskSpec, scale: float, softcap: float,
 ) -> AttentionBatch:  # fmt: skip
     """The varlen batch of documents with those query and key boundaries."""
-    max_seqlen_k = max(b - a for a, b in itertools.pairwise(bounds_k))
     cu_seqlens_q, cu_seqlens_k = (on_device(tuple(b), q.device) for b in (bounds_q, bounds_k))
     return AttentionBatch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, scale, softcap)
 
@@ -73,7 +72,7 @@ def cache_batch(
         add_document(bounds_k, bounds_q, row * seqlen_cache + start, row * seqlen_cache + end, seqlen_q)
     k_keys, v_keys = (cache.view(-1, *cache.shape[2:])[: bounds_k[-1]] for cache in (k_cache, v_cache))
     q_packed = q.reshape(batch_size * seqlen_q, *q.shape[2:])  # (B * Sq, H, D)
-    return documents(q_packed, k_keys, v_keys, bounds_q, bounds_k, seqlen_q, spec, scale, softcap)
+    return documents(q_packed, k_keys, v_keys, bounds_q, bounds_k, seqlen_q, _longest(bounds_k), spec, scale, softcap)
 
 
 def can_group(q: Tensor, k_cache: Tensor, v_cache: Tensor, rows: list[int], spec: MaskSpec) -> bool:
@@ -104,23 +103,24 @@ class GroupedDecode:
         group = heads // kv_heads
         parts = num_splits or split_heuristic(q.device, batch_size * kv_heads, max(slots.lengths, default=0))
         key = (tuple(slots.rows), tuple(slots.starts), tuple(slots.ends), kv_heads, seqlen_cache, parts, group)
-        bounds_q, bounds_k = _grouped_bounds(*key)
+        bounds_q, bounds_k, max_seqlen_k = _grouped_bounds(*key)
         k_keys, v_keys = (c.permute(0, 2, 1, 3).reshape(-1, 1, head_dim)[: bounds_k[-1]] for c in (k_cache, v_cache))
         # (B * Hk * parts * group, 1, D): entry, key head, part, then the group's query heads
         queries = q.reshape(batch_size, kv_heads, 1, group, head_dim).expand(-1, -1, parts, -1, -1)
         queries = queries.reshape(-1, 1, head_dim)
         no_positions = dataclasses.replace(spec, causal=False, window=(-1, -1))  # a lone last query sees every key
-        batch = documents(queries, k_keys, v_keys, bounds_q, bounds_k, group, no_positions, scale, softcap)
+        batch = documents(queries, k_keys, v_keys, bounds_q, bounds_k, group, max_seqlen_k, no_positions, scale,
+                          softcap)  # fmt: skip
         return cls(batch, parts, heads, kv_heads)
 
     def merge(self, out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
         """The backend's (B * Hk * parts * group, 1, D) outputs and (1, same) logsumexps as (B, 1, H, D) and
         (B, H, 1): the parts merged by their logsumexp (a part that saw no key weighs nothing)."""
         group, head_dim = self.heads // self.kv_heads, out.shape[-1]
+        if self.parts == 1:  # nothing to merge; a backend without a logsumexp runs only this
+            return out.view(-1, 1, self.heads, head_dim), None if lse is None else lse.view(-1, self.heads, 1)
         out = out.view(-1, self.kv_heads, self.parts, group, head_dim)  # (B, Hk, parts, group, D)
         lse = lse.view(-1, self.kv_heads, self.parts, group)  # (B, Hk, parts, group)
-        if self.parts == 1:
-            return out.reshape(-1, 1, self.heads, head_dim), lse.reshape(-1, self.heads, 1)
         merged = torch.logsumexp(lse, dim=2, keepdim=True)  # -inf where no part saw a key
         weights = torch.where(torch.isfinite(merged), (lse - merged).exp(), 0.0)  # (B, Hk, parts, group)
         combined = (out.float() * weights[..., None]).sum(2).to(out.dtype)  # (B, Hk, group, D)
@@ -131,9 +131,9 @@ class GroupedDecode:
 def _grouped_bounds(
     rows: tuple[int, ...], starts: tuple[int, ...], ends: tuple[int, ...], kv_heads: int, seqlen_cache: int,
     parts: int, group: int,
-) -> tuple[tuple[int, ...], tuple[int, ...]]:  # fmt: skip
-    """(query, key) boundaries of the documents of (entry, key head, part) over a head-major cache; cached, as every
-    layer of a decoding step asks for the same."""
+) -> tuple[tuple[int, ...], tuple[int, ...], int]:  # fmt: skip
+    """(query, key) boundaries of the documents of (entry, key head, part) over a head-major cache, and their longest
+    key run; cached, as every layer of a decoding step asks for the same."""
     bounds_k, bounds_q = [0], [0]
     for row, start, end in zip(rows, starts, ends, strict=True):
         step = -(-(end - start) // parts)  # keys per part; the last parts of a short entry may hold none
@@ -142,7 +142,7 @@ def _grouped_bounds(
             for part in range(parts):
                 first = min(start + part * step, end)
                 add_document(bounds_k, bounds_q, base + first, base + min(first + step, end), group)
-    return tuple(bounds_q), tuple(bounds_k)
+    return tuple(bounds_q), tuple(bounds_k), _longest(bounds_k)
 
 
 @functools.lru_cache(maxsize=8)
@@ -152,6 +152,11 @@ def on_device(bounds: tuple[int, ...], device: torch.device) -> Tensor:
     kernels queued before it. Callers only read the tensor: it is shared."""
     host = torch.tensor(bounds, dtype=torch.int32)
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+
+def _longest(bounds: list[int] | tuple[int, ...]) -> int:
+    """The longest run between consecutive boundaries."""
+    return max(b - a for a, b in itertools.pairwise(bounds))
 
 
 def split_heuristic(device: torch.device, documents: int, longest: int) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from legalpt.attention import api, decode
+from legalpt.attention import api, blocks, decode
 from legalpt.attention.backends import AttentionBatch
 from legalpt.attention.masks import MaskSpec
 
@@ -93,6 +93,9 @@ def flash_attn_with_kvcache(
         else:
             batch = _packed_batch(q, k_cache, v_cache, k, v, slots, max_seqlen_k, spec, scale, softcap)
         chosen = api._resolve_backend(backend, return_softmax_lse, batch, "return_softmax_lse")
+        if grouped and grouped.parts > 1 and not chosen.returns_lse:  # parts merge by their logsumexp: keep one
+            grouped = decode.GroupedDecode.plan(q, k_cache, v_cache, slots, spec, scale, softcap, num_splits=1)
+            batch = grouped.batch
         if k is not None:  # after every check: a refused call leaves the cache as it was
             _append(k_cache, v_cache, k, v, slots)
         out, lse = chosen.attention(batch)
@@ -202,16 +205,18 @@ def _int32_values(x: Tensor, name: str, q: Tensor) -> list[int]:
         raise ValueError(f"{name}: expected shape ({q.shape[0]},) (q's batch size), got {tuple(x.shape)}")
     if x.device != q.device:
         raise ValueError(f"{name}: expected device {q.device} (same as q), got {x.device}")
-    last = _last_read.get(name)
-    if last is not None and last[0] is x and last[1] == x._version:  # the next layer of the same step
+    last, seen = _last_read.get(name), blocks.version(x)
+    if seen is not None and last is not None and last[0] is x and last[1] == seen:  # the next layer of the same step
         return last[2]
     values = x.tolist()  # a host sync when x is on a GPU: once per step, not per layer
-    _last_read[name] = (x, x._version, values)
+    if seen is not None:
+        _last_read[name] = (x, seen, values)
     return values
 
 
 # argument name -> (tensor, its version, its values) of the last read: every layer of a decoding step passes the same
-# tensors; holding them keeps their identity from being reused, and the version catches an edit in place
+# tensors; holding them keeps their identity from being reused, and the version catches an edit in place (one made
+# through .data or numpy goes unseen: pass a new tensor then). Inference tensors have no version and are read each time
 _last_read: dict[str, tuple[Tensor, int, list[int]]] = {}
 
 

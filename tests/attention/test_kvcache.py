@@ -193,6 +193,31 @@ def test_the_layers_of_a_step_read_the_padding_from_the_host_once(rng, monkeypat
     assert sum(r is args["cache_leftpad"] for r in reads) == 2
 
 
+def test_a_backend_without_logsumexp_decodes_in_one_part(rng):
+    """sdpa returns no logsumexp, so split parts could not merge: the call runs whole, and equals the oracle."""
+    args = make_inputs(1, 1, "leftpad", head_major=True)
+    args["k_cache"].nan_to_num_(0.0)  # sdpa's dense mask multiplies masked slots by zero: NaN would spread
+    args["v_cache"].nan_to_num_(0.0)
+    out_want, *_ = expected(args, causal=True)
+    out = flash_attn_with_kvcache(**args, causal=True, num_splits=4, backend="sdpa")
+    torch.testing.assert_close(out.double(), out_want, atol=2e-5, rtol=1e-5)
+
+
+def test_inference_tensors_are_read_each_call(rng):
+    """Tensors made under inference_mode have no version counter: nothing about them is kept between calls."""
+    with torch.inference_mode():
+        args = make_inputs(1, 0, "leftpad", head_major=True)
+        out_want, *_ = expected(args, causal=True)
+        first = flash_attn_with_kvcache(**args, causal=True)
+        args["cache_leftpad"].zero_()
+        args["k_cache"].nan_to_num_(0.0)
+        args["v_cache"].nan_to_num_(0.0)
+        again_want, *_ = expected(args, causal=True)
+        again = flash_attn_with_kvcache(**args, causal=True)
+    torch.testing.assert_close(first.double(), out_want, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(again.double(), again_want, atol=2e-5, rtol=1e-5)
+
+
 def test_int_cache_seqlens_equals_the_tensor_and_none_means_the_whole_cache(rng):
     q, k_cache, v_cache = torch.randn(2, 1, 4, 8), torch.randn(2, 9, 1, 8), torch.randn(2, 9, 1, 8)
     k, v = torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1, 8)
