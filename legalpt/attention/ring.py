@@ -301,7 +301,8 @@ class _RingAttention(torch.autograd.Function):
                 grads[1][keys] += dv_part
             if passed is not None:
                 dkv_ring.wait()
-                grads = [mine + theirs for mine, theirs in zip(grads, passed, strict=True)]
+                for mine, theirs in zip(grads, passed, strict=True):
+                    mine.add_(theirs)
             if incoming is not None:
                 kv_ring.wait()
                 held = incoming
