@@ -47,8 +47,8 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
 
 class StepProfiler:
     """Profiles steps start + 1 .. start + count of this process (count 0 = off): call `before_step` and
-    `after_step` around each step with the steps completed. Writes trace-rank<r>.json, ops-rank<r>.txt and
-    summary-rank<r>.json to `folder`."""
+    `after_step` around each step with the steps completed (evaluations and saves due inside the window are in it
+    too), and `close` at the end. Writes trace-rank<r>.json, ops-rank<r>.txt and summary-rank<r>.json to `folder`."""
 
     def __init__(self, folder: Path, start: int, count: int, rank: int) -> None:
         self.folder, self.start, self.count, self.rank = folder, start, count, rank
@@ -74,6 +74,12 @@ class StepProfiler:
             self.write(self.profiler, wall_s)
             self.profiler = None
 
+    def close(self) -> None:
+        """Stop a profile that a stop signal cut short, writing nothing."""
+        if self.profiler is not None:
+            self.profiler.__exit__(None, None, None)
+            self.profiler = None
+
     def synchronize(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
@@ -93,12 +99,13 @@ class StepProfiler:
 def summarize(prof: profile, wall_s: float, steps: int) -> dict:
     """Per step: wall milliseconds, device-busy milliseconds (the union of kernel intervals), kernel milliseconds by
     kind, and the ten longest kernels."""
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    # device events but the spans of user annotations (the optimizer's step, ...), which cover kernels listed too
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
     by_kind: dict[str, float] = {}
     by_name: dict[str, float] = {}
     for kernel in kernels:
-        us = kernel.time_range.elapsed_us()
-        by_kind[kind_of(kernel.name)] = by_kind.get(kind_of(kernel.name), 0.0) + us
+        us, kind = kernel.time_range.elapsed_us(), kind_of(kernel.name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + us
         by_name[kernel.name] = by_name.get(kernel.name, 0.0) + us
     busy = busy_us([(k.time_range.start, k.time_range.end) for k in kernels])
     longest = sorted(by_name.items(), key=lambda item: -item[1])[:10]

@@ -383,6 +383,7 @@ def train_loop(training: Training, evals: Evaluations, batches: Iterator[dict], 
             evaluate_and_save(training, evals, meter, step, tokens)
             if evals.result.stopped_by:
                 break
+    profiler.close()
     bar.close()
 
 
