@@ -110,20 +110,18 @@ def bench_shape(shape: Shape, args: argparse.Namespace, device: torch.device, dt
                 row["error"] = checks[impl]
             else:
                 row["max_abs_diff"], row["diff_vs"] = checks[impl]
-                row.update(_measure(mode, run, x, fwd_flops * args.layers, device, args, args.layers))
+                row.update(_measure(mode, run, x, fwd_flops, device, args))
             rows.append(row)
             print(_progress(row), flush=True)
     return rows
 
 
-def _measure(
-    mode: str, run: Runner, x: Inputs, fwd_flops: int, device: torch.device, args: argparse.Namespace, layers: int
-) -> dict:
-    """A row's measurement of `layers` calls a step: ms, TFLOP/s, peak memory, and with --kernel-times each kernel's
+def _measure(mode: str, run: Runner, x: Inputs, fwd_flops: int, device: torch.device, args: argparse.Namespace) -> dict:
+    """A row's measurement of --layers calls a step: ms, TFLOP/s, peak memory, and with --kernel-times each kernel's
     time and the share of the wall time they fill."""
-    flops = fwd_flops * MODE_FLOPS[mode]
+    flops = fwd_flops * args.layers * MODE_FLOPS[mode]
     try:
-        step = mode_step(mode, run, x, layers)
+        step = mode_step(mode, run, x, args.layers)
         peak = peak_mib(step, device)
         ms = median_ms(step, device, args.cpu_reps)
         kernels = {}

@@ -128,7 +128,26 @@ def test_an_oom_is_recorded_and_the_search_brackets_the_capacity(fake_bench, tmp
     # the data of each seq_len was built once, before its first job, with the jobs' data and model settings
     seq_lens = [int(c.split("=")[1]) for command in fake.prepared for c in command if c.startswith("data.seq_len=")]
     assert len(seq_lens) == len(set(seq_lens)) == len({t["seq_len"] for t in [*tries, *record["rows"]]})
-    assert all(c.startswith(("data", "model=")) for command in fake.prepared for c in command[1:])
+    kept = ("data", "model=", "model.max_position_embeddings=")
+    assert all(c.startswith(kept) for command in fake.prepared for c in command[1:])
+    # a row longer than the preset's positions is prepared with the positions its job runs with
+    positions = 2048  # the tiny preset's
+    long = [c for c in fake.prepared for a in c if a.startswith("data.seq_len=") and int(a.split("=")[1]) > positions]
+    assert long and all(any(a.startswith("model.max_position_embeddings=") for a in c) for c in long)
+
+
+def test_a_failed_preparation_is_tried_again_by_the_next_job(bench, tmp_path, capsys):
+    runs = sys.modules["benchmarking.train.runs"]
+    calls = []
+
+    def runner(command, env, timeout, log):
+        calls.append(command)
+        return runs.Outcome(1 if len(calls) == 1 else 0, "ValueError: the first try fails\n")
+
+    jobs = runs.Jobs(tmp_path, ["data=demo_long"], [], "cpu", 1, 60.0, runner)
+    for _ in range(3):
+        jobs.prepare(["model=tiny", "data=demo_long", "data.seq_len=256", "train.steps=2"], {}, tmp_path / "p.log")
+    assert len(calls) == 2 and "legalpt-prepare failed (exit 1" in capsys.readouterr().out
 
 
 def test_profiled_steps_are_summarized_and_left_out_of_tokens_per_s(fake_bench, tmp_path, capsys):

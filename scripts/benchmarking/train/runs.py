@@ -2,11 +2,13 @@
 out-of-memory leaves nothing behind for the next job, and the row read from the job's metrics.jsonl.
 
 A row is {attention, model, seq_len, batch_size, gpus, activation_checkpointing, compile, loss_impl, steps,
-tokens_per_s, mfu, peak_gib, oom, error}. The three options are the values the job ran with (its composed config),
-null where this tree's config has no such field; an option the benchmark was not given is not overridden, so the
-script runs on trees from before and after the options exist. tokens_per_s and mfu are medians over the steps after
-the first `warmup` (train.log_every=1 makes each step its own window), peak_gib the largest peak; a metric the trainer
-does not log (MFU and peak memory on a CPU) is null. oom: the job failed out of memory (CUDA's error, or a SIGKILL, as
+tokens_per_s, mfu, peak_gib, oom, error}, and with --profile its `profile` (legalpt.train.profiling's summary). The
+three options are the values the job ran with (its composed config), null where this tree's config has no such
+field; an option the benchmark was not given is not overridden, so the script runs on trees from before and after
+the options exist (those with `train.eval_every=0`, which every job sets: held-out evaluation measures nothing here
+and costs a step's time at long seq_lens). tokens_per_s and mfu are medians over the steps after the first `warmup`
+(train.log_every=1 makes each step its own window), peak_gib the largest peak; a metric the trainer does not log
+(MFU and peak memory on a CPU) is null. oom: the job failed out of memory (CUDA's error, or a SIGKILL, as
 the host's OOM killer sends); error: the last error line of any other failure, or the timeout.
 
 A job's packed data is built before it, untimed, by `legalpt-prepare` (once per data configuration), so that the
@@ -190,11 +192,16 @@ class Jobs:
     def prepare(self, overrides: list[str], env: dict[str, str], log: Path) -> None:
         """Build the packed data of a job with `overrides` unless a job with the same data and model settings had it
         built; a failure is the job's to report (it prepares again and fails the same way)."""
-        data = tuple(o for o in overrides if o.startswith(("data", "model=", "model.pretrained=")))  # the tokenizer's
+        # the data's settings, the tokenizer's (model, model.pretrained) and the positions a long row is checked against
+        kept = ("data", "model=", "model.pretrained=", "model.max_position_embeddings=")
+        data = tuple(o for o in overrides if o.startswith(kept))
         if data in self.prepared:
             return
-        self.prepared.add(data)
-        self.runner([installed("legalpt-prepare"), *data], env, PREPARE_TIMEOUT_S, log)
+        outcome = self.runner([installed("legalpt-prepare"), *data], env, PREPARE_TIMEOUT_S, log)
+        if outcome.returncode == 0:
+            self.prepared.add(data)
+        else:  # the job prepares again, inside its timeout, and reports what fails
+            print(f"legalpt-prepare failed (exit {outcome.returncode}; log {log}): {outcome.output.strip()[-300:]}")
 
 
 def read_metrics(path: Path, warmup: int) -> dict:
