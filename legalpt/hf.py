@@ -32,6 +32,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 
 from legalpt.attention import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from legalpt.attention.ring import RingPlan, ring_flash_attn_varlen_func
+from legalpt.attention.tensor_cache import TensorCache
 
 NAME = "legalpt"  # no "flash" in it: transformers sends such names to its hub-kernel loader
 
@@ -184,18 +185,18 @@ def _attend(
 def _left_padding(mask: torch.Tensor, q_len: int) -> torch.Tensor | None:
     """Padding slots per row, int32 (B,), when every row's padding comes first (as `generate` pads) and no query
     slot (the last q_len) is padding; else None. One host sync per decoding step: every layer gets the same mask,
-    so the answer for the last one is kept (held, so its identity cannot be reused; its version catches an edit)."""
-    key, last = (mask, mask._version, q_len), _last_padding[0]
-    if last is not None and last[0] is mask and last[1:] == key[1:]:
-        return _last_padding[1]
-    pads = (~mask).sum(1)  # (B,)
-    slots = torch.arange(mask.shape[1], device=mask.device)
-    left = (mask == (slots >= pads[:, None])).all() & (pads.max() <= mask.shape[1] - q_len)
-    _last_padding[:] = [key, pads.to(torch.int32) if bool(left) else None]
-    return _last_padding[1]
+    so the answer is kept for the others (by the mask's identity and version: tensor_cache.py)."""
+
+    def read() -> torch.Tensor | None:
+        pads = (~mask).sum(1)  # (B,)
+        slots = torch.arange(mask.shape[1], device=mask.device)
+        left = (mask == (slots >= pads[:, None])).all() & (pads.max() <= mask.shape[1] - q_len)
+        return pads.to(torch.int32) if bool(left) else None
+
+    return _left_paddings.get([mask], (q_len,), read)
 
 
-_last_padding: list = [None, None]  # [(mask, its version, q_len), answer] of the last call of _left_padding
+_left_paddings: TensorCache[torch.Tensor | None] = TensorCache(2)  # a step's mask (and the prompt's)
 
 
 def _over_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pads: torch.Tensor, options: dict) -> torch.Tensor:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import weakref
 from collections.abc import Sequence
 
 import torch
@@ -26,6 +25,7 @@ from torch import Tensor
 from legalpt.attention import backends
 from legalpt.attention.backends import AttentionBatch, Backend
 from legalpt.attention.masks import Documents, MaskSpec
+from legalpt.attention.tensor_cache import TensorCache
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ _auto_reasons_logged: set[str] = set()
 
 BACKENDS = ("auto", *backends.NAMES)
 _CHECKED_DOCUMENTS = 16  # cu_seqlens pairs whose values were checked: a step uses one, generation a few
-_checked_documents: dict[tuple, tuple[weakref.ref, weakref.ref]] = {}
+_checked_documents: TensorCache[bool] = TensorCache(_CHECKED_DOCUMENTS)
 _default_backend = "auto"
 
 
@@ -238,15 +238,13 @@ def _check_cu_seqlens(q: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: 
 def _check_documents(cu_q: Tensor, cu_k: Tensor, total_q: int, total_k: int, max_q: int, max_k: int) -> None:
     """The values of cu_seqlens_q/k (Documents.from_cu_seqlens), read once per pair of tensors and their versions:
     the layers of a model share one pair per step, and each read is a host sync that would stall the GPU's queue.
-    Weak references guard against a freed tensor's id coming back (as blocks.schedule_for's cache does)."""
-    key = (id(cu_q), cu_q._version, id(cu_k), cu_k._version, total_q, total_k, max_q, max_k)
-    refs = _checked_documents.get(key)
-    if refs is not None and refs[0]() is cu_q and refs[1]() is cu_k:
-        return
-    Documents.from_cu_seqlens(cu_q, cu_k, total_q, total_k, max_q, max_k)
-    _checked_documents[key] = (weakref.ref(cu_q), weakref.ref(cu_k))
-    if len(_checked_documents) > _CHECKED_DOCUMENTS:
-        del _checked_documents[next(iter(_checked_documents))]  # the oldest
+    The cache is keyed by the tensors' identity and version (tensor_cache.py)."""
+
+    def check() -> bool:
+        Documents.from_cu_seqlens(cu_q, cu_k, total_q, total_k, max_q, max_k)  # raises naming the bad value
+        return True
+
+    _checked_documents.get([cu_q, cu_k], (total_q, total_k, max_q, max_k), check)
 
 
 def _check_options(

@@ -13,14 +13,13 @@ converts between the two.
 
 from __future__ import annotations
 
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from legalpt.attention.masks import MaskSpec, block_full, block_visible
+from legalpt.attention.tensor_cache import TensorCache
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # tile states
 _CACHE_SIZE = 16  # schedules kept by `schedule_for`: a model's layers share a handful of shapes
@@ -99,7 +98,7 @@ def build_schedule(states: Tensor, tile: tuple[int, int], transposed: bool = Fal
     return BlockSchedule(tile, counts.contiguous(), indices.contiguous(), transposed)
 
 
-_cache: OrderedDict[tuple, tuple[list, BlockSchedule]] = OrderedDict()
+_schedules: TensorCache[BlockSchedule] = TensorCache(_CACHE_SIZE)
 
 
 def schedule_for(
@@ -114,34 +113,19 @@ def schedule_for(
 ) -> BlockSchedule:
     """The schedule of a batch of equal rows (cu_seqlens None) or of packed documents, cached.
 
-    Tensors enter the cache key by identity and version (weak references guard against a freed tensor's id coming
-    back), so the layers of one step, which share `cu_seqlens` and the layout, build the schedule once.
+    Keyed by the tensors' identity and version (tensor_cache.py), so the layers of one step, which share
+    `cu_seqlens` and the layout, build the schedule once.
     """
     tensors = [t for t in (cu_seqlens_q, cu_seqlens_k, spec.block_layout) if t is not None]
-    versions = [version(t) for t in tensors]
-    key = (
-        spec.causal, spec.window, spec.global_tokens, spec.dilation, spec.block_size, max_seqlen_q, max_seqlen_k,
-        tile, transposed, device, *((id(t), v, tuple(t.shape)) for t, v in zip(tensors, versions, strict=True)),
-    )  # fmt: skip
-    cacheable = None not in versions
-    hit = _cache.get(key) if cacheable else None
-    if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors, strict=True)):
-        _cache.move_to_end(key)
-        return hit[1]
-    if cu_seqlens_q is None or cu_seqlens_k is None:
-        lens_q = torch.tensor([max_seqlen_q], device=device)
-        lens_k = torch.tensor([max_seqlen_k], device=device)
-    else:
-        lens_q, lens_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
-    schedule = build_schedule(tile_states(spec, lens_q, lens_k, max_seqlen_q, max_seqlen_k, tile), tile, transposed)
-    if cacheable:
-        _cache[key] = ([weakref.ref(t) for t in tensors], schedule)
-        if len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return schedule
+    extra = (spec.causal, spec.window, spec.global_tokens, spec.dilation, spec.block_size, max_seqlen_q, max_seqlen_k,
+             tile, transposed, device)  # fmt: skip
 
+    def make() -> BlockSchedule:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            lens_q = torch.tensor([max_seqlen_q], device=device)
+            lens_k = torch.tensor([max_seqlen_k], device=device)
+        else:
+            lens_q, lens_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
+        return build_schedule(tile_states(spec, lens_q, lens_k, max_seqlen_q, max_seqlen_k, tile), tile, transposed)
 
-def version(t: Tensor) -> int | None:
-    """A tensor's version counter, which in-place edits advance; None for an inference tensor, which has none, so
-    that a cache keyed by identity and version must not keep what it computed from it."""
-    return None if t.is_inference() else t._version
+    return _schedules.get(tensors, extra, make)

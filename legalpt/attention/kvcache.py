@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from legalpt.attention import api, blocks, decode
+from legalpt.attention import api, decode
 from legalpt.attention.backends import AttentionBatch
 from legalpt.attention.masks import MaskSpec
+from legalpt.attention.tensor_cache import TensorCache
 
 _LAYOUT = "(batch, seqlen, heads, head_dim)"
 
@@ -205,19 +206,11 @@ def _int32_values(x: Tensor, name: str, q: Tensor) -> list[int]:
         raise ValueError(f"{name}: expected shape ({q.shape[0]},) (q's batch size), got {tuple(x.shape)}")
     if x.device != q.device:
         raise ValueError(f"{name}: expected device {q.device} (same as q), got {x.device}")
-    last, seen = _last_read.get(name), blocks.version(x)
-    if seen is not None and last is not None and last[0] is x and last[1] == seen:  # the next layer of the same step
-        return last[2]
-    values = x.tolist()  # a host sync when x is on a GPU: once per step, not per layer
-    if seen is not None:
-        _last_read[name] = (x, seen, values)
-    return values
+    return _host_values.get([x], (name,), x.tolist)  # a host sync on a GPU: once per step, not per layer
 
 
-# argument name -> (tensor, its version, its values) of the last read: every layer of a decoding step passes the same
-# tensors; holding them keeps their identity from being reused, and the version catches an edit in place (one made
-# through .data or numpy goes unseen: pass a new tensor then). Inference tensors have no version and are read each time
-_last_read: dict[str, tuple[Tensor, int, list[int]]] = {}
+# the values of cache_seqlens, cache_batch_idx and cache_leftpad: every layer of a decoding step passes the same tensors
+_host_values: TensorCache[list[int]] = TensorCache(8)
 
 
 def _append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Slots) -> None:

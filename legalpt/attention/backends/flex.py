@@ -13,8 +13,6 @@ from __future__ import annotations
 import functools
 import operator
 import warnings
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
@@ -24,6 +22,7 @@ from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_bloc
 from legalpt.attention.backends.base import AttentionBatch
 from legalpt.attention.blocks import EMPTY, FULL, PARTIAL, BlockSchedule, build_schedule
 from legalpt.attention.masks import MaskSpec
+from legalpt.attention.tensor_cache import TensorCache
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]  # (b, h, q_idx, kv_idx) -> bool
 _CACHE_SIZE = 16  # BlockMasks kept by `attention`: a model's layers share a handful of shapes
@@ -195,7 +194,7 @@ def _softcap_mod(softcap: float) -> Callable | None:
     return capped
 
 
-_cache: OrderedDict[tuple, tuple[list, BlockMask]] = OrderedDict()
+_masks: TensorCache[BlockMask] = TensorCache(_CACHE_SIZE)
 
 
 def _cached_block_mask(
@@ -208,21 +207,13 @@ def _cached_block_mask(
     cu_seqlens_q: Tensor | None,
     cu_seqlens_k: Tensor | None,
 ) -> BlockMask:
-    """`block_mask`, cached like `blocks.schedule_for`: tensors enter the key by identity and version."""
+    """`block_mask`, cached by the tensors' identity and version (tensor_cache.py)."""
     tensors = [t for t in (cu_seqlens_q, cu_seqlens_k, spec.block_layout) if t is not None]
-    key = (
-        spec.causal, spec.window, spec.global_tokens, spec.dilation, spec.block_size, batch, heads, seqlen_q,
-        seqlen_k, device, *((id(t), t._version, tuple(t.shape)) for t in tensors),
-    )  # fmt: skip
-    hit = _cache.get(key)
-    if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors, strict=True)):
-        _cache.move_to_end(key)
-        return hit[1]
-    mask = block_mask(spec, batch, heads, seqlen_q, seqlen_k, device, cu_seqlens_q, cu_seqlens_k)
-    _cache[key] = ([weakref.ref(t) for t in tensors], mask)
-    if len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
-    return mask
+    extra = (spec.causal, spec.window, spec.global_tokens, spec.dilation, spec.block_size, batch, heads, seqlen_q,
+             seqlen_k, device)  # fmt: skip
+    return _masks.get(
+        tensors, extra, lambda: block_mask(spec, batch, heads, seqlen_q, seqlen_k, device, cu_seqlens_q, cu_seqlens_k)
+    )
 
 
 def to_block_mask(schedule: BlockSchedule, mask_mod: MaskMod, seqlen_q: int, seqlen_k: int) -> BlockMask:
