@@ -30,6 +30,23 @@ __device__ __forceinline__ void score_grads(const Params& p, float& s, float& dp
   }
 }
 
+// The backward block i of a 1-D grid over key blocks (split parts first) x documents x key heads: its key tile (or
+// split tile's part), document and key head. Key tiles vary slowest, so blocks start in decreasing order of work
+// under causal masks and packed documents (a document's first key tiles are seen by the most query tiles, the split
+// global keys' by all): a block visits its key head's whole GQA group, so items are few and long, and in a head-major
+// order the last heads' longest tiles started after the other heads' short ones and ended the pass late.
+struct BwdBlockIndex {
+  int n_blk, chunk, b, hk;  // chunk: the split tile's part, -1 for a whole tile
+  bool split;
+};
+__device__ __forceinline__ BwdBlockIndex bwd_block_index(const Params& p, int i, int documents) {
+  const int per_tile = documents * (p.heads / p.kv_group), x = i / per_tile, rest = i % per_tile;
+  const int split_blocks = p.split_tiles * p.split_chunks;
+  const bool split = x < split_blocks;
+  return {split ? x / p.split_chunks : x - split_blocks + p.split_tiles, split ? x % p.split_chunks : -1,
+          rest % documents, rest / documents, split};
+}
+
 // The (query head, query tile) pairs a block visits, in order: every head of the group, each head's schedule row of
 // the key tile, or of a split tile the block's chunk of each row.
 struct BwdWork {

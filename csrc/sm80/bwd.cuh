@@ -47,6 +47,14 @@ struct BwdTraits {
                                kScratch * sizeof(T);
 };
 
+// The backward's blocks per document and key head (both paths'): one per key tile of BwdTraits' keys, and the split
+// key tiles' extra parts.
+template <int D>
+__host__ __device__ __forceinline__ int key_blocks(const Params& p) {
+  constexpr int kKeys = BwdTraits<__half, D>::kBlockN;
+  return (p.seqlen_k + kKeys - 1) / kKeys + p.split_tiles * (p.split_chunks - 1);
+}
+
 // What every warp of a backward block shares: the key tile in shared memory, the score gradients' scratch.
 template <typename T>
 struct BwdBlock {
@@ -307,12 +315,12 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
   float* sLse0 = reinterpret_cast<float*>(scratch + Tr::kScratch);  // (2, BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                  // (2, BM)
 
-  // The split key tiles (those of the global keys, which every query tile visits) come first, split_chunks blocks
-  // each; chunk -1 is a whole tile.
-  const int split_blocks = p.split_tiles * p.split_chunks, b = blockIdx.y, hk = blockIdx.z;
-  const bool split = static_cast<int>(blockIdx.x) < split_blocks;
-  const int n_blk = split ? blockIdx.x / p.split_chunks : blockIdx.x - split_blocks + p.split_tiles;
-  const int chunk = split ? blockIdx.x % p.split_chunks : -1;
+  // A 1-D grid (bwd_block_index): the split key tiles' parts (those of the global keys, which every query tile
+  // visits) first, then the key tiles, each over every document and key head.
+  const int documents = gridDim.x / (key_blocks<D>(p) * (p.heads / p.kv_group));
+  const BwdBlockIndex index = bwd_block_index(p, blockIdx.x, documents);
+  const int b = index.b, hk = index.hk, n_blk = index.n_blk, chunk = index.chunk;
+  const bool split = index.split;
   const BwdBlock<T> blk{document(p, b), b, n_blk, sK, sV, scratch};
   const Document& doc = blk.doc;
   if (n_blk * BN >= doc.lk) return;

@@ -4,25 +4,30 @@
 // instantiates them per head dim, element type and mask generality; csrc/api.h chooses which one runs.
 #pragma once
 
+#include <stdexcept>
+#include <string>
+
 #include "../common/problem.h"
 #include "bwd.cuh"
 #include "fwd.cuh"
 
 namespace legalpt::fa2 {
 
+// The blocks of a 1-D grid with one per work item. The blocks step through the items by gridDim.x in int where the
+// grid is persistent (csrc/sm90/launch.h), so blockIdx.x + gridDim.x must stay below 2^31.
+inline unsigned grid_items(int64_t items, const std::string& kernel) {
+  if (items >= (int64_t{1} << 30)) {
+    throw std::runtime_error(kernel + ": " + std::to_string(items) +
+                             " work items (tiles x documents x heads), at most 2^30 are supported; split the batch");
+  }
+  return static_cast<unsigned>(items);
+}
+
 template <typename T, int D, bool kGeneral, typename Launch>
 void run_fwd(const Problem& pb, const Launch& launch) {
   using Tr = FwdTraits<T, D>;
   const dim3 grid((pb.p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, pb.documents, pb.p.heads);
   launch(fwd_kernel<T, D, kGeneral>, grid, Tr::kThreads, Tr::kSmem, pb.p);
-}
-
-// The backward's blocks per document and key head: one per key tile of 128 keys (both paths' tile), and the split
-// key tiles' extra parts.
-template <int D>
-int key_blocks(const Params& p) {
-  constexpr int kKeys = BwdTraits<__half, D>::kBlockN;
-  return (p.seqlen_k + kKeys - 1) / kKeys + p.split_tiles * (p.split_chunks - 1);
 }
 
 // Adds the split key tiles' parts of dK and dV (dkv_split) into dk and dv, after either path's backward kernel.
@@ -46,7 +51,7 @@ void run_dq(const Problem& pb, const Launch& launch) {
 template <typename T, int D, bool kGeneral, typename Launch>
 void run_bwd(const Problem& pb, const Launch& launch) {
   using Tr = BwdTraits<T, D>;
-  const dim3 grid(key_blocks<D>(pb.p), pb.documents, pb.kv_heads);
+  const dim3 grid(grid_items(int64_t{key_blocks<D>(pb.p)} * pb.documents * pb.kv_heads, "fa2 backward"));
   launch(bwd_kernel<T, D, kGeneral>, grid, Tr::kThreads, Tr::kSmem, pb.p);
   run_split_dkv<T, D>(pb, launch);
   if (pb.p.deterministic) run_dq<T, D, kGeneral>(pb, launch);

@@ -80,11 +80,10 @@ struct BwdArgs {
   TensorMap q, dout, k, v;
   TensorMap dk, dv;  // stores of whole key tiles (boxes of kBlockN rows)
   TensorMap dq;      // reductions into dq_accum (float32, boxes of kBlockM rows)
-  int key_blocks, documents;  // items: key_blocks (split parts first) x documents x key heads
+  int key_blocks, documents;  // items: key_blocks (split parts first) x documents x key heads (bwd_block_index)
 };
 
-// Item i: a key tile, or a split key tile's part (fa2::bwd_kernel's blockIdx.x), of one document and key head; a
-// head's key tiles in turn, so that the blocks at work at once share its Q and dO in L2.
+// Item i: a key tile, or a split key tile's part, of one document and key head (bwd_block_index's order).
 // Every side of the block decodes its items here, so that all skip the same ones and visit the same pairs.
 struct BwdItem {
   int n_blk, chunk, b, hk;  // chunk: the split tile's part, -1 for a whole tile
@@ -97,13 +96,13 @@ struct BwdItem {
 template <int BN>
 __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
   const Params& p = a.p;
-  const int x = i % a.key_blocks, rest = i / a.key_blocks, split_blocks = p.split_tiles * p.split_chunks;
+  const BwdBlockIndex x = bwd_block_index(p, i, a.documents);
   BwdItem item{};
-  item.split = x < split_blocks;
-  item.n_blk = item.split ? x / p.split_chunks : x - split_blocks + p.split_tiles;
-  item.chunk = item.split ? x % p.split_chunks : -1;
-  item.b = rest % a.documents;
-  item.hk = rest / a.documents;
+  item.n_blk = x.n_blk;
+  item.chunk = x.chunk;
+  item.b = x.b;
+  item.hk = x.hk;
+  item.split = x.split;
   item.doc = document(p, item.b);
   item.batch = map_batch(p, item.b);
   item.skipped = item.n_blk * BN >= item.doc.lk;

@@ -29,15 +29,11 @@ inline bool balanced_items(const Problem& pb) {
 }
 
 // The 1-D grid over the work items (tiles x documents x heads): one block per processor where persistent
-// (balanced_items), else one per item. The blocks step through the items by gridDim.x in int, so blockIdx.x +
-// gridDim.x must stay below 2^31.
+// (balanced_items), else one per item.
 template <typename Launch>
 dim3 item_grid(const Launch& launch, int64_t items, bool persistent, const char* kernel) {
-  if (items >= (int64_t{1} << 30)) {
-    throw std::runtime_error(std::string("fa3 ") + kernel + ": " + std::to_string(items) +
-                             " work items (tiles x documents x heads), at most 2^30 are supported; split the batch");
-  }
-  return dim3(static_cast<unsigned>(persistent ? std::min<int64_t>(items, launch.processors()) : items));
+  const unsigned blocks = fa2::grid_items(items, std::string("fa3 ") + kernel);
+  return dim3(persistent ? std::min(blocks, static_cast<unsigned>(launch.processors())) : blocks);
 }
 
 template <typename T, int D, bool kGeneral, typename Launch>
