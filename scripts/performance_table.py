@@ -164,6 +164,28 @@ def data_preparation() -> list[str]:
     return lines
 
 
+def fp8_accuracy() -> list[str]:
+    """FP8 attention's output error against float64, beside bf16's (`scripts/fp8_accuracy.py`)."""
+    lines = ["## FP8 attention accuracy (`scripts/fp8_accuracy.py`)", ""]
+    for path, record in records("fp8-accuracy"):
+        h = record["header"]
+        rmse = {row["method"]: row["rmse"] for row in record["rows"]}
+        baseline = rmse["fp8 per-tensor"]
+        lines += [
+            f"Root-mean-square error of the output against float64 attention: {h['batch']} x {h['seqlen']} tokens, "
+            f"{h['heads']} heads of {h['head_dim']}, {'causal' if h['causal'] else 'dense'}, inputs N(0, 1) plus "
+            f"N(0, {h['outlier_std']:g}²) on {h['outlier_rate']:.1%} of the entries, {h['seeds']} seeds. "
+            f"{provenance(h, path)}",
+            "",
+            *commands(h),
+            "| method | RMSE | FP8 per-tensor's error / this one's |",
+            "|---|---|---|",
+            *(f"| {name} | {value:.2e} | {baseline / value:.2f}× |" for name, value in rmse.items()),
+            "",
+        ]
+    return lines
+
+
 def cleaning() -> list[str]:
     """Page-furniture precision and recall on the labelled set, and citations kept (`scripts/bench_cleaning.py`)."""
     lines = ["## Cleaning on a labelled set (`scripts/bench_cleaning.py`)", ""]
@@ -359,6 +381,7 @@ def main() -> None:
         *training(),
         *default_runs(),
         *generation(),
+        *fp8_accuracy(),
         *data_preparation(),
         *cleaning(),
         *finetuning(),

@@ -1,0 +1,176 @@
+"""FP8 (e4m3) attention forward: the quantization (per-block scales, incoherent processing) and its numerics.
+
+FlashAttention-3's FP8 recipe (Shah et al., 2024), in the form our kernels compute it:
+
+- **Block scaling.** Q and K get one scale per (batch, head, block of 128 rows), the kernels' tile, so that a block's
+  values use e4m3's whole range; the scores of a (query tile, key tile) pair are descaled by the product of two
+  scalars, folded into the softmax's scale for free. V gets one scale per (batch, key head): a scale per key tile
+  would not factor out of O = P V and would cost a multiply per score in the softmax-bound loop. `scaling="tensor"`
+  is the plain baseline: one scale per tensor.
+- **Incoherent processing.** With `incoherent=True`, Q and K are multiplied by one random orthogonal matrix M (a
+  Hadamard matrix times random signs, scaled by 1/sqrt(D)) before quantization. (Q M)(K M)^T = Q K^T, while an
+  outlier feature's magnitude is spread over all D features, so a block's scale no longer crushes its other values.
+- **P in FP8.** O += P V runs on FP8 too: P = exp2(logit - running max + 8) lies in (0, 256] instead of (0, 1] (the
+  shift costs nothing inside the exp2), which keeps P's small values above e4m3's subnormals; the row sums use P
+  before rounding, and the factor 2^8 cancels in the normalization.
+
+`reference_forward` computes exactly these steps in float32 on any device, key tile by key tile with the online
+softmax, as the kernel's numerics reference and for `scripts/fp8_accuracy.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from legalpt.attention.api import _check_qkv, _check_rank, _is_number, _is_pair
+from legalpt.attention.masks import MaskSpec, element_mask
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0  # e4m3's largest finite value
+BLOCK_ROWS = 128  # rows of Q or K per scale: the kernels' query and key tiles
+P_SHIFT = 8  # P is stored as exp2(logit - max + P_SHIFT): values in (0, 2^8] instead of (0, 1]
+SCALINGS = ("block", "tensor")
+BACKENDS = ("auto", "reference")
+
+
+@dataclass(frozen=True)
+class Fp8Inputs:
+    """Q, K and V in e4m3 with their scales: x ~= x8 * scale. Q and K are after incoherent processing if any."""
+
+    q: Tensor  # (B, Sq, H, D) float8_e4m3fn
+    k: Tensor  # (B, Sk, Hk, D) float8_e4m3fn
+    v: Tensor  # (B, Sk, Hk, D) float8_e4m3fn
+    q_scale: Tensor  # (B, H, ceil(Sq / BLOCK_ROWS)) float32, one per block of query rows
+    k_scale: Tensor  # (B, Hk, ceil(Sk / BLOCK_ROWS)) float32
+    v_scale: Tensor  # (B, Hk) float32
+
+
+def incoherence_matrix(head_dim: int, seed: int, device: torch.device | str = "cpu") -> Tensor:
+    """The random orthogonal (D, D) float32 matrix H diag(signs) / sqrt(D) (H: Sylvester's Hadamard matrix)."""
+    if head_dim < 1 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim: incoherent processing needs a power of two (Hadamard matrix), got {head_dim}")
+    h = torch.ones(1, 1)
+    while h.shape[0] < head_dim:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    signs = torch.randint(0, 2, (head_dim,), generator=torch.Generator().manual_seed(seed)) * 2 - 1
+    return (h * signs / math.sqrt(head_dim)).to(device)
+
+
+def quantize(
+    q: Tensor, k: Tensor, v: Tensor, scaling: str = "block", incoherent: bool = True, seed: int = 0
+) -> Fp8Inputs:
+    """Q, K, V (B, S, H, D) in float32/bf16/fp16 -> e4m3 with scales (module docstring). `seed` picks M's signs."""
+    _check_rank(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
+    _check_qkv(q, k, v)
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"k: expected batch size {q.shape[0]} (same as q), got {k.shape[0]}")
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling: expected one of {SCALINGS}, got {scaling!r}")
+    if not isinstance(incoherent, bool):
+        raise TypeError(f"incoherent: expected a bool, got {type(incoherent).__name__}")
+    q, k, v = q.float(), k.float(), v.float()
+    if incoherent:
+        m = incoherence_matrix(q.shape[-1], seed, q.device)
+        q, k = q @ m, k @ m
+    block = scaling == "block"
+    q8, q_scale = _quantize_rows(q, BLOCK_ROWS if block else None)
+    k8, k_scale = _quantize_rows(k, BLOCK_ROWS if block else None)
+    v8, v_scale = _quantize_rows(v, v.shape[1] if block else None)
+    return Fp8Inputs(q8, k8, v8, q_scale, k_scale, v_scale[..., 0])
+
+
+def _quantize_rows(x: Tensor, rows: int | None) -> tuple[Tensor, Tensor]:
+    """x (B, S, H, D) float32 in e4m3 with one scale per (batch, head, block of `rows` rows), (B, H, blocks); rows
+    None: one scale for the whole tensor, repeated over the same shape."""
+    b, s, h, d = x.shape
+    rows_per = rows if rows is not None else BLOCK_ROWS
+    blocks = max(1, -(-s // rows_per))
+    padded = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, blocks * rows_per - s))
+    amax = padded.abs().reshape(b, blocks, rows_per, h, d).amax(dim=(2, 4)).transpose(1, 2)  # (B, H, blocks)
+    if rows is None:
+        amax = amax.amax().expand(b, h, blocks)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))  # an all-zero block: any scale works
+    per_row = scale.transpose(1, 2).repeat_interleave(rows_per, dim=1)[:, :s, :, None]  # (B, S, H, 1)
+    return (x / per_row).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale.contiguous()
+
+
+def reference_forward(
+    inputs: Fp8Inputs, softmax_scale: float, causal: bool = False, window_size: tuple[int, int] = (-1, -1)
+) -> tuple[Tensor, Tensor]:
+    """FP8 attention as the kernels compute it, in float32: out (B, Sq, H, D), logsumexp (B, H, Sq) (natural log;
+    -inf and out 0 on rows that see no key). Masks as flash_attn_func's (causal bottom-right aligned)."""
+    q8, k8, v8 = inputs.q, inputs.k, inputs.v
+    _, sq, heads, _ = q8.shape
+    sk, group = k8.shape[1], heads // k8.shape[2]
+    q = q8.float().transpose(1, 2)  # (B, H, Sq, D)
+    k = k8.float().transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Sk, D)
+    v = v8.float().transpose(1, 2).repeat_interleave(group, dim=1)
+    k_scale = inputs.k_scale.repeat_interleave(group, dim=1)  # (B, H, key tiles)
+    v_scale = inputs.v_scale.repeat_interleave(group, dim=1)[..., None, None]  # (B, H, 1, 1)
+    row_scale = inputs.q_scale.repeat_interleave(BLOCK_ROWS, dim=2)[..., :sq, None] * softmax_scale * math.log2(math.e)
+    spec = MaskSpec(causal=causal, window=tuple(window_size))
+    rows = torch.arange(sq, device=q.device)[:, None]
+    m = torch.full((*q.shape[:-1], 1), -math.inf, device=q.device)  # running max, log2 domain (B, H, Sq, 1)
+    total = torch.zeros_like(m)  # running sum of P before rounding
+    acc = torch.zeros_like(q)  # sum of P8 V8
+    for t, j0 in enumerate(range(0, sk, BLOCK_ROWS)):
+        j1 = min(j0 + BLOCK_ROWS, sk)
+        logits = (q @ k[:, :, j0:j1].transpose(-1, -2)) * (row_scale * k_scale[..., t, None, None])
+        cols = torch.arange(j0, j1, device=q.device)[None, :]
+        logits = logits.masked_fill(~element_mask(spec, rows, cols, sk - sq), -math.inf)
+        m_new = torch.maximum(m, logits.amax(-1, keepdim=True))
+        base = torch.where(m_new == -math.inf, 0.0, m_new)  # rows without keys so far: P = 0, never NaN
+        alpha = torch.exp2(m - base)
+        p = torch.exp2(logits - base + P_SHIFT)
+        total = total * alpha + p.sum(-1, keepdim=True)
+        p8 = p.clamp(max=E4M3_MAX).to(E4M3).float()
+        acc = acc * alpha + p8 @ v[:, :, j0:j1]
+        m = m_new
+    seen = total > 0
+    total = torch.where(seen, total, 1.0)
+    out = torch.where(seen, acc * v_scale / total, 0.0)
+    lse = torch.where(seen, (m - P_SHIFT) * math.log(2) + torch.log(total), -math.inf)
+    return out.transpose(1, 2), lse[..., 0]
+
+
+def flash_attn_fp8_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    return_attn_probs: bool = False,
+    *,
+    scaling: str = "block",
+    incoherent: bool = True,
+    seed: int = 0,
+    backend: str = "auto",
+) -> Tensor | tuple[Tensor, Tensor, None]:
+    """Attention forward with Q, K, V and P in e4m3 (module docstring), for inference and evaluation.
+
+    q: (B, Sq, H, D); k, v: (B, Sk, Hk, D), H divisible by Hk; float32, bf16 or fp16. Returns out (B, Sq, H, D) in
+    q's dtype, and with return_attn_probs=True (out, softmax_lse (B, H, Sq) float32, None) like flash_attn_func.
+    window_size=(left, right), -1 = unbounded; causal is bottom-right aligned when Sq != Sk. scaling: "block" (Q, K
+    per 128 rows, V per head) or "tensor"; incoherent: the random Hadamard rotation of Q and K (power-of-two head
+    dims), `seed` its signs. backend: "reference" (PyTorch in float32, any device) or "auto", which is it.
+    """
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    elif not _is_number(softmax_scale) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale: expected a finite number > 0 or None, got {softmax_scale!r}")
+    for name, flag in (("causal", causal), ("return_attn_probs", return_attn_probs)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+    if not _is_pair(window_size, minimum=-1):
+        raise ValueError(f"window_size: expected (left, right) ints >= -1 (-1 = unbounded), got {window_size!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS} for FP8 attention, got {backend!r}")
+    inputs = quantize(q, k, v, scaling, incoherent, seed)
+    out, lse = reference_forward(inputs, float(softmax_scale), causal, tuple(window_size))
+    out = out.to(q.dtype)
+    return (out, lse, None) if return_attn_probs else out

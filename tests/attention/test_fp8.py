@@ -1,0 +1,157 @@
+"""FP8 attention's quantization and numerics (legalpt/attention/fp8.py) against float64 attention, and
+scripts/fp8_accuracy.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from attention_helpers import naive_attention
+
+from legalpt.attention import fp8
+from legalpt.attention.fp8 import BLOCK_ROWS, E4M3_MAX, flash_attn_fp8_func, incoherence_matrix, quantize
+
+
+def _dequantized(inputs: fp8.Fp8Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q, K, V (B, S, H, D) float64 as the e4m3 values times their scales."""
+
+    def rows(x8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:  # scale (B, H, blocks)
+        per_row = scale.double().repeat_interleave(BLOCK_ROWS, dim=2)[..., : x8.shape[1]].transpose(1, 2)
+        return x8.double() * per_row[..., None]
+
+    v = inputs.v.double() * inputs.v_scale.double()[:, None, :, None]
+    return rows(inputs.q, inputs.q_scale), rows(inputs.k, inputs.k_scale), v
+
+
+def test_incoherence_matrix_is_orthogonal_and_keeps_scores():
+    m = incoherence_matrix(64, seed=3).double()
+    torch.testing.assert_close(m @ m.T, torch.eye(64, dtype=torch.float64), atol=1e-6, rtol=0)
+    q, k = torch.randn(5, 64, dtype=torch.float64), torch.randn(7, 64, dtype=torch.float64)
+    torch.testing.assert_close((q @ m) @ (k @ m).T, q @ k.T)
+    assert not torch.equal(incoherence_matrix(64, seed=3), incoherence_matrix(64, seed=4))  # signs follow the seed
+    with pytest.raises(ValueError, match="head_dim: incoherent processing needs a power of two"):
+        incoherence_matrix(96, seed=0)
+
+
+def test_block_scales_fit_each_block_to_e4m3():
+    """Every block of 128 rows of a head maps its largest magnitude to 448; an all-zero block keeps scale 1."""
+    q = torch.randn(2, 300, 4, 32) * torch.tensor([1.0, 10.0, 0.01, 1.0])[None, None, :, None]
+    q[1, 128:256, 2] = 0  # one all-zero block
+    k = torch.randn(2, 113, 2, 32)
+    inputs = quantize(q, k, k.clone(), scaling="block", incoherent=False)
+    assert inputs.q.dtype == torch.float8_e4m3fn and inputs.q.shape == q.shape
+    assert inputs.q_scale.shape == (2, 4, 3) and inputs.k_scale.shape == (2, 2, 1) and inputs.v_scale.shape == (2, 2)
+    amax = inputs.q.float().abs().reshape(2, 300, 4, 32).amax(-1)  # (B, S, H)
+    for block in range(3):
+        rows = slice(block * 128, (block + 1) * 128)
+        got = amax[:, rows].amax(1)  # (B, H)
+        zero = q[:, rows].abs().amax(dim=(1, 3)) == 0
+        assert torch.equal(got[~zero], torch.full_like(got[~zero], E4M3_MAX))
+        assert torch.equal(inputs.q_scale[:, :, block][zero], torch.ones(int(zero.sum())))
+    q_deq, _, _ = _dequantized(inputs)
+    normal = q.abs() > inputs.q_scale.max() * 2**-6  # e4m3's normal range (relative error <= 2^-4)
+    assert ((q_deq - q.double()).abs() <= q.double().abs() * 2**-4)[normal].all()
+
+
+def test_tensor_scaling_shares_one_scale():
+    q, k = torch.randn(1, 200, 2, 64), torch.randn(1, 200, 2, 64)
+    inputs = quantize(q, k, k * 3, scaling="tensor", incoherent=True)
+    for scale in (inputs.q_scale, inputs.k_scale, inputs.v_scale):
+        assert torch.equal(scale, torch.full_like(scale, scale.flatten()[0].item()))
+
+
+def test_one_key_tile_matches_the_dense_formula():
+    """With one key tile the running max is the row max:
+    out = e4m3(2^(x - max + 8)) V8 v_scale / sum(2^(x - max + 8))."""
+    q, k, v = torch.randn(1, 70, 2, 64), torch.randn(1, 100, 2, 64), torch.randn(1, 100, 2, 64)
+    inputs = quantize(q, k, v, incoherent=True, seed=5)
+    out, lse = fp8.reference_forward(inputs, softmax_scale=0.125)
+    q_deq, k_deq, v_deq = _dequantized(inputs)
+    logits = torch.einsum("bqhd,bkhd->bhqk", q_deq, k_deq) * 0.125 / math.log(2)  # log2 domain
+    x = logits - logits.amax(-1, keepdim=True) + fp8.P_SHIFT
+    p = torch.exp2(x)
+    p8 = p.float().to(torch.float8_e4m3fn).double()
+    expected = torch.einsum("bhqk,bkhd->bqhd", p8, inputs.v.double()) * inputs.v_scale.double()[:, None, :, None]
+    expected = expected / p.sum(-1).transpose(1, 2)[..., None]
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(logits * math.log(2), -1), rtol=1e-5, atol=1e-5)
+    assert v_deq.shape == v.shape
+
+
+MASKS = [{}, {"causal": True}, {"window_size": (40, 7)}, {"causal": True, "window_size": (90, -1)}]
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_reference_is_attention_of_the_quantized_inputs(mask):
+    """Over several key tiles (unequal lengths, GQA), the output differs from exact attention of the dequantized
+    inputs only by P's rounding to e4m3: at most 2^-4 of max |V| (plus P's subnormals), and the logsumexp not at all."""
+    q, k, v = torch.randn(2, 113, 4, 64), torch.randn(2, 300, 2, 64), torch.randn(2, 300, 2, 64)
+    inputs = quantize(q, k, v, incoherent=False)
+    out, lse = fp8.reference_forward(inputs, softmax_scale=64**-0.5, **mask)
+    q_deq, k_deq, v_deq = _dequantized(inputs)
+    kwargs = {"causal": mask.get("causal", False), "window": mask.get("window_size", (-1, -1))}
+    exact_out, exact_lse = naive_attention(q_deq, k_deq, v_deq, **kwargs)
+    bound = (2**-4 + 300 * 2**-18) * v_deq.abs().max()
+    assert (out.double() - exact_out).abs().max() <= bound
+    assert (out.double() - exact_out).abs().mean() <= bound / 20  # rounding errors average out over keys
+    seen = exact_lse > -math.inf
+    torch.testing.assert_close(lse.double()[seen], exact_lse[seen], rtol=1e-5, atol=1e-5)
+    assert torch.equal(lse[~seen], exact_lse[~seen].float())
+
+
+def test_rows_without_keys_give_zero_and_minus_infinity():
+    q, k = torch.randn(1, 50, 2, 32), torch.randn(1, 20, 2, 32)  # causal, bottom-right: the first 30 rows see nothing
+    out, lse, _ = flash_attn_fp8_func(q, k, k.clone(), causal=True, incoherent=False, return_attn_probs=True)
+    assert torch.equal(out[:, :30], torch.zeros_like(out[:, :30])) and torch.isfinite(out).all()
+    assert torch.equal(lse[..., :30], torch.full_like(lse[..., :30], -math.inf)) and torch.isfinite(lse[..., 30:]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_attention_error_is_fp8_sized(dtype):
+    """Against float64 attention of the original inputs: larger than bf16's, within what e4m3 allows."""
+    q, k, v = (torch.randn(1, 257, 4, 128).to(dtype) for _ in range(3))
+    out = flash_attn_fp8_func(q, k, v, causal=True)
+    assert out.dtype == dtype and out.shape == q.shape
+    exact, _ = naive_attention(q, k, v, causal=True)
+    low, _ = naive_attention(q, k, v, causal=True, dtype=torch.bfloat16)
+    rmse = (out.double() - exact).square().mean().sqrt()
+    assert (low.double() - exact).square().mean().sqrt() < rmse < 0.05
+
+
+def test_accuracy_script_shows_incoherent_processing_helps(load_script, tmp_path):
+    accuracy = load_script("fp8_accuracy")
+    result = accuracy.main(["--seqlen", "256", "--heads", "2", "--seeds", "1", "--out", str(tmp_path)])
+    day = result["header"]["date"][:10].replace("-", "")
+    assert [path.name for path in tmp_path.iterdir()] == [f"fp8-accuracy-{result['header']['gpu']}-{day}.json"]
+    rmse = {row["method"]: row["rmse"] for row in result["rows"]}
+    assert rmse["bf16"] < rmse["fp8 per-block + incoherent"] < rmse["fp8 per-tensor"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"scaling": "row"}, "scaling: expected one of"),
+        ({"backend": "fa3"}, "backend: expected one of"),
+        ({"softmax_scale": -1.0}, "softmax_scale: expected a finite number > 0"),
+        ({"window_size": (-2, 0)}, "window_size: expected"),
+        ({"causal": 1}, "causal: expected a bool"),
+        ({"incoherent": "yes"}, "incoherent: expected a bool"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+    q = torch.randn(1, 8, 2, 32)
+    with pytest.raises((ValueError, TypeError), match=message):
+        flash_attn_fp8_func(q, q, q, **kwargs)
+
+
+def test_bad_tensors_are_named():
+    q = torch.randn(1, 8, 2, 32)
+    with pytest.raises(ValueError, match="head_dim: incoherent processing needs a power of two"):
+        flash_attn_fp8_func(torch.randn(1, 8, 2, 48), torch.randn(1, 8, 2, 48), torch.randn(1, 8, 2, 48))
+    with pytest.raises(ValueError, match="k: expected a number of heads that divides"):
+        flash_attn_fp8_func(q, torch.randn(1, 8, 3, 32), torch.randn(1, 8, 3, 32))
+    with pytest.raises(ValueError, match="q: expected a 4-D tensor"):
+        flash_attn_fp8_func(q[0], q[0], q[0])
+    with pytest.raises(ValueError, match="q: expected dtype"):
+        flash_attn_fp8_func(q.int(), q.int(), q.int())
