@@ -36,6 +36,10 @@ void run_prepare(const PrepArgs& a, int64_t blocks, const Launch& launch);
 namespace fa3 {
 template <typename T, int D, bool kGeneral, typename Launch>
 void run_fwd(const Problem& pb, const Launch& launch);
+#ifdef LEGALPT_SM90
+template <typename TO, int D, typename Launch>
+void run_fwd_fp8(const Problem& pb, const Fp8Scales& scales, const Launch& launch);
+#endif
 template <typename T, int D, bool kGeneral, typename Launch>
 void run_bwd(const Problem& pb, const Launch& launch);
 }  // namespace fa3
@@ -154,10 +158,12 @@ inline TensorDesc describe(const at::Tensor& t) {
                   {t.stride(-2), t.stride(-3), packed ? 0 : t.stride(0)}};
   for (int d = 0; d < 3; ++d)
     if (desc.dims[d + 1] == 1) desc.strides[d] = d == 0 ? desc.dims[0] : desc.dims[d] * desc.strides[d - 1];
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf || t.scalar_type() == at::kFloat,
-              "fa3: TMA maps of bfloat16, float16 or float32 tensors, got ", t.scalar_type());
-  if (t.scalar_type() == at::kBFloat16) desc.element = Element::kBf16;
-  if (t.scalar_type() == at::kHalf) desc.element = Element::kF16;
+  const at::ScalarType type = t.scalar_type();
+  TORCH_CHECK(type == at::kBFloat16 || type == at::kHalf || type == at::kFloat || type == at::kFloat8_e4m3fn,
+              "fa3: TMA maps of bfloat16, float16, float32 or float8_e4m3fn tensors, got ", type);
+  if (type == at::kBFloat16) desc.element = Element::kBf16;
+  if (type == at::kHalf) desc.element = Element::kF16;
+  if (type == at::kFloat8_e4m3fn) desc.element = Element::kE4m3;
   return desc;
 }
 
@@ -238,6 +244,30 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
     fa2::run_fwd<T, D, kGeneral>(pb, context.launch);
   });
 }
+
+#if defined(LEGALPT_HDIM_128) && defined(LEGALPT_SM90)
+// The FP8 forward (csrc/sm90/fwd.cuh with e4m3 inputs; legalpt/attention/fp8.py lays its inputs out): q (B, Sq, H,
+// 128) and k (B, Sk, Hk, 128) in e4m3, vt (B, Hk, 128, keys) V^T in e4m3 with its keys permuted within each 16 and
+// padded to whole tiles, their float32 scales (q_scale (B, H, q blocks), k_scale (B, Hk, k blocks), v_scale (B,
+// Hk)); writes out (bf16 or fp16, like q) and lse. Plain masks only (no softcap, dilation or layout).
+template <typename Context>
+void forward_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& vt, at::Tensor& out, at::Tensor& lse,
+                 const at::Tensor& q_scale, const at::Tensor& k_scale, const at::Tensor& v_scale,
+                 const at::Tensor& counts, const at::Tensor& indices, const std::vector<int64_t>& mask,
+                 double scale) {
+  TORCH_CHECK(q.size(-1) == 128, "forward_fp8: head dim 128, got ", q.size(-1));
+  TORCH_CHECK(mask.size() == 7 && mask[3] == 0 && mask[4] == 1, "forward_fp8: no global tokens or dilation");
+  const Context context(q.device());
+  Problem pb = problem(q, k, k, lse, std::nullopt, std::nullopt, q.size(1), k.size(1), counts, indices, std::nullopt,
+                       mask, scale, 0.0);
+  pb.v = describe(vt.permute({0, 2, 1, 3}));  // heads Hk, rows D, the keys along the lines
+  pb.p.o = view(out);
+  pb.o = describe(out);
+  const fa3::Fp8Scales scales{q_scale.data_ptr<float>(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
+                              static_cast<int>(q_scale.size(2)), static_cast<int>(k_scale.size(2))};
+  by_type(out, [&](auto tag) { fa3::run_fwd_fp8<typename decltype(tag)::type, 128>(pb, scales, context.launch); });
+}
+#endif
 
 // The backward: accumulates dq_accum (zeroed by prepare), writes dk and dv. dq_counts, dq_indices: the forward's
 // schedule, read by the deterministic dQ pass. split_tiles key tiles (the global keys') are each split over
@@ -356,6 +386,9 @@ void bind(pybind11::module& m) {
   m.attr("has_sm90") = kSm90;  // the FA3 path's kernels (sm_90a) are built
   m.def("tiles", &tiles, "((fwd rows, keys), (bwd rows, keys)) of a head dim's tiles on the sm80 or sm90 path");
   m.def("forward", &forward<Context>, "attention forward: writes out and lse");
+#if defined(LEGALPT_HDIM_128) && defined(LEGALPT_SM90)
+  m.def("forward_fp8", &forward_fp8<Context>, "FP8 attention forward at head dim 128: writes out and lse");
+#endif
   m.def("prepare", &prepare<Context>, "backward preprocessing: delta = rowsum(dO * O) - dlse, lse in log2");
   m.def("backward", &backward<Context>, "attention backward: accumulates dq_accum, writes dk and dv");
 }

@@ -167,7 +167,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run on tiny shapes")
     parser.add_argument("--quick", action="store_true", help="head dim 128 dense and causal at 4k, window 1024 at 16k")
-    parser.add_argument("--impls", nargs="+", help="default: fa2 sdpa-flash sdpa-cudnn flex fa3 (cpu: reference flex)")
+    parser.add_argument(
+        "--impls", nargs="+", help="default: fa2 sdpa-flash sdpa-cudnn flex fa3 fa3-fp8 (cpu: reference flex)"
+    )
     parser.add_argument("--modes", nargs="+", choices=MODES, help="default: all three (--quick: fwd fwd+bwd)")
     parser.add_argument("--masks", nargs="+", help="only shapes with these masks, e.g. causal window-1024")
     parser.add_argument("--head-dims", nargs="+", type=int, help="only shapes with these head dims")
@@ -195,7 +197,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=record.RESULTS, help="folder of the record and plot")
     args = parser.parse_args(argv)
     cpu = args.device == "cpu"
-    args.impls = args.impls or (["reference", "flex"] if cpu else ["fa2", "sdpa-flash", "sdpa-cudnn", "flex", "fa3"])
+    args.impls = args.impls or (
+        ["reference", "flex"] if cpu else ["fa2", "sdpa-flash", "sdpa-cudnn", "flex", "fa3", "fa3-fp8"]
+    )
     if unknown := [i for i in args.impls if i not in IMPLS]:
         parser.error(f"--impls: unknown {unknown}; expected some of {', '.join(IMPLS)}")
     args.modes = tuple(args.modes or (("fwd", "fwd+bwd") if args.quick else MODES))

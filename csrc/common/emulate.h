@@ -84,6 +84,26 @@ inline uint16_t half_bits_rn(float f) {
   return bits;
 }
 
+// e4m3 (FP8) as cvt.rn.satfinite.e4m3x2.f32 rounds (to nearest even, saturated to +-448, NaN to 0x7F) and back.
+inline uint32_t e4m3_bits_rn(float f) {
+  if (std::isnan(f)) return 0x7F;
+  const uint32_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  // the spacing of e4m3 values around a: 2^-9 below the smallest normal 2^-6, else 2^(exponent - 3)
+  const float quantum = a < 0x1p-6f ? 0x1p-9f : std::ldexp(1.f, std::ilogb(a) - 3);
+  const float r = std::fmin(std::nearbyint(a / quantum) * quantum, 448.f);
+  if (r < 0x1p-6f) return sign | static_cast<uint32_t>(r * 512.f);  // subnormal: r = m 2^-9 (m = 8 is 2^-6)
+  const int e = std::ilogb(r);
+  return sign | static_cast<uint32_t>(e + 7) << 3 | static_cast<uint32_t>(std::ldexp(r, -e) * 8.f - 8.f);
+}
+inline float e4m3_to_float(uint8_t bits) {
+  const int exponent = bits >> 3 & 0xF, mantissa = bits & 7;
+  if (exponent == 15 && mantissa == 7) return NAN;
+  const float a = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
+                                : std::ldexp(1.f + mantissa / 8.f, exponent - 7);
+  return bits & 0x80 ? -a : a;
+}
+
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;  // set by the scheduler before a fiber runs
 using std::max;  // the integer min and max of device code
 using std::min;

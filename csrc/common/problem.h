@@ -9,9 +9,9 @@
 
 namespace legalpt {
 
-// The element types of the tensors the kernels copy (bf16, fp16) and reduce into (float32).
-enum class Element { kBf16, kF16, kF32 };
-inline int element_bytes(Element e) { return e == Element::kF32 ? 4 : 2; }
+// The element types of the tensors the kernels copy (bf16, fp16; e4m3 in the FP8 forward) and reduce into (float32).
+enum class Element { kBf16, kF16, kF32, kE4m3 };
+inline int element_bytes(Element e) { return e == Element::kF32 ? 4 : e == Element::kE4m3 ? 1 : 2; }
 
 // A tensor as a TMA map sees it: dims {D, heads, rows, batches}, strides in elements between heads, rows, batches.
 struct TensorDesc {

@@ -14,6 +14,12 @@
 
 namespace legalpt {
 
+// FP8 e4m3 (4 exponent bits, 3 mantissa bits, no infinities, largest finite 448): the element type of the FP8
+// forward's Q, K and V; only its size and identity matter to the kernels, which convert by PTX.
+struct e4m3 {
+  uint8_t bits;
+};
+
 #ifndef LEGALPT_EMULATE
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -80,6 +86,15 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Four floats -> one register of four e4m3 bytes (the first in the low byte), round to nearest, saturated to
+// +-448 (the FP8 forward's P).
+__device__ __forceinline__ uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
+  uint16_t lo, hi;  // cvt puts its first source in the upper byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(x1), "f"(x0));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(x3), "f"(x2));
+  return lo | static_cast<uint32_t>(hi) << 16;
 }
 
 // Two adjacent float32 atomic adds (8-byte aligned): one vector reduction on sm90, two scalar ones before.
@@ -168,6 +183,10 @@ inline uint32_t pack2(float lo, float hi) {
   } else {
     return bf16_bits_rn(lo) | static_cast<uint32_t>(bf16_bits_rn(hi)) << 16;
   }
+}
+
+inline uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
+  return e4m3_bits_rn(x0) | e4m3_bits_rn(x1) << 8 | e4m3_bits_rn(x2) << 16 | static_cast<uint32_t>(e4m3_bits_rn(x3)) << 24;
 }
 
 inline void atomic_add2(float* dst, float a, float b) {  // fibers never interleave inside it

@@ -81,29 +81,40 @@ __device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
   }
 }
 
-// The log2-domain max over a tile of half-row `half` of a thread's m16 row tile (row lane / 4 + 8 half; raw scores
-// as `logits` leaves them), across its quad.
-template <bool kGeneral, int BN>
-__device__ __forceinline__ float tile_row_max(const Params& p, const float (&s)[BN / 8][4], int half) {
+// The log2-domain max over a tile of half-row `half` of a thread's m16 row tile (row lane / 4 + 8 half; scores
+// times `scale` > 0 are its logits), across its quad.
+template <int BN>
+__device__ __forceinline__ float tile_row_max(const float (&s)[BN / 8][4], int half, float scale) {
   float m[BN / 8];
 #pragma unroll
   for (int n = 0; n < BN / 8; ++n) m[n] = fmaxf(s[n][2 * half], s[n][2 * half + 1]);
   const float mine = tree_reduce<BN / 16>(m, [](float x, float y) { return fmaxf(x, y); });
-  return quad_max(mine) * to_log2<kGeneral>(p);  // -inf stays -inf: to_log2 > 0
+  return quad_max(mine) * scale;  // -inf stays -inf: scale > 0
+}
+// The same of scores as `logits` leaves them.
+template <bool kGeneral, int BN>
+__device__ __forceinline__ float tile_row_max(const Params& p, const float (&s)[BN / 8][4], int half) {
+  return tile_row_max<BN>(s, half, to_log2<kGeneral>(p));
 }
 
-// P = exp2(logit - m) in place for that half-row, m its running max; returns this thread's part of P's row sum.
-template <bool kGeneral, int BN>
-__device__ __forceinline__ float exp_row(const Params& p, float (&s)[BN / 8][4], int half, float m) {
+// P = exp2(logit - m) in place for that half-row (logits: scores times `scale`), m its running max (or, in the
+// FP8 forward, that max less a shift); returns this thread's part of P's row sum.
+template <int BN>
+__device__ __forceinline__ float exp_row(float (&s)[BN / 8][4], int half, float m, float scale) {
   const float m_safe = m == -INFINITY ? 0.f : m;  // a row that has seen nothing yet keeps p = exp2(-inf) = 0
   float sum[BN / 8];
 #pragma unroll
   for (int n = 0; n < BN / 8; ++n) {
-    s[n][2 * half] = exp2f(fmaf(s[n][2 * half], to_log2<kGeneral>(p), -m_safe));
-    s[n][2 * half + 1] = exp2f(fmaf(s[n][2 * half + 1], to_log2<kGeneral>(p), -m_safe));
+    s[n][2 * half] = exp2f(fmaf(s[n][2 * half], scale, -m_safe));
+    s[n][2 * half + 1] = exp2f(fmaf(s[n][2 * half + 1], scale, -m_safe));
     sum[n] = s[n][2 * half] + s[n][2 * half + 1];
   }
   return tree_reduce<BN / 16>(sum, [](float x, float y) { return x + y; });
+}
+// The same of scores as `logits` leaves them.
+template <bool kGeneral, int BN>
+__device__ __forceinline__ float exp_row(const Params& p, float (&s)[BN / 8][4], int half, float m) {
+  return exp_row<BN>(s, half, m, to_log2<kGeneral>(p));
 }
 
 // The normalization of a thread's two rows of an m16 row tile (i0 and i0 + 8 within the document): 1 / their sums,

@@ -24,7 +24,8 @@
 namespace legalpt::fa3 {
 
 
-template <typename T, int D>
+// T: the inputs' element type (bf16, fp16, or e4m3 for the FP8 forward), TO: the output's.
+template <typename T, int D, typename TO = T>
 struct FwdTraits {
   static constexpr int kConsumers = 2;                        // consumer warpgroups
   static constexpr int kConsumerRows = 64;                    // query rows per consumer: a wgmma's M
@@ -42,20 +43,31 @@ struct FwdTraits {
   static_assert((kLaunchRegisters - kProducerRegisters) * 128 >=
                     (kConsumerRegisters - kLaunchRegisters) * kConsumerThreads,
                 "the consumers' registers must come from the producer's");
-  static constexpr int kTileBytes = kBlockN * D * sizeof(T);  // one K or V tile
+  static constexpr int kTileBytes = kBlockN * D * sizeof(T);  // one K or V tile (the FP8 forward's V^T: D x BN)
   // mbarriers: Q's, K's and V's full and empty, per buffer
   static constexpr int kBarriers = 10;
   // Q, then K and V twice each, then O; the mbarriers; 1024 bytes of slack to align the tiles to the swizzle's period
-  static constexpr int kSmem = 2 * kBlockM * D * sizeof(T) + 4 * kTileBytes + kBarriers * sizeof(uint64_t) + 1024;
+  static constexpr int kSmem =
+      kBlockM * D * (sizeof(T) + sizeof(TO)) + 4 * kTileBytes + kBarriers * sizeof(uint64_t) + 1024;
 };
 
 
-// The forward's arguments: fa2's, and the tensor maps of its TMA copies and of O's stores (boxes of 128 rows).
+// The FP8 forward's scales (legalpt/attention/fp8.py): x ~= e4m3 value x scale, float32, contiguous.
+struct Fp8Scales {
+  const float* q;  // (B, H, q_blocks): one per 128 query rows
+  const float* k;  // (B, Hk, k_blocks): one per 128 keys
+  const float* v;  // (B, Hk)
+  int q_blocks, k_blocks;
+};
+
+// The forward's arguments: fa2's, and the tensor maps of its TMA copies and of O's stores (boxes of 128 rows). The
+// FP8 forward's v map reads V^T (keys along its lines), and `scales` holds its scales (null elsewhere).
 struct FwdArgs {
   Params p;
   TensorMap q, k, v;
   TensorMap o;             // stores of a consumer's 64 rows
   int m_tiles, documents;  // query tiles of the longest document; items: m_tiles x documents x heads
+  Fp8Scales scales;
 };
 
 // The tensor maps' batch coordinate of document b: its batch row, or 0 on a packed varlen axis (a single row)
@@ -71,25 +83,32 @@ __device__ __forceinline__ FwdItem fwd_item(const FwdArgs& a, int i) {
   return {a.m_tiles - 1 - i % a.m_tiles, rest % a.documents, rest / a.documents};
 }
 
+// The FP8 forward's P is exp2(logit - max + kFp8Shift), in (0, 256] instead of (0, 1]: e4m3's normal range
+// (legalpt/attention/fp8.py, P_SHIFT). The logsumexp takes the shift off.
+constexpr float kFp8Shift = 8.f;
+
 // Scores s of key tile `tile` (a warpgroup's 64 rows x BN keys, raw) to P in place, as in the FA2 forward: the
 // element rule where the tile is partial, the new running max, P = exp2(logit - max) and the row sums. O is
 // rescaled later (`rescale`), once the P V that reads it is done: `correction` holds the factors and `move` whether
-// a row of this thread moved its max.
-template <int BN, bool kGeneral>
+// a row of this thread moved its max. kFp8: `scale` (the tile's) takes the raw scores to log2-domain logits instead
+// of to_log2, and P is shifted by kFp8Shift.
+template <int BN, bool kGeneral, bool kFp8 = false>
 __device__ __forceinline__ void online_softmax(const Params& p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                float (&row_sum)[2], float (&correction)[2], bool& move,
-                                               bool partial, int tile, int i0, const Document& doc, int b, int h) {
+                                               bool partial, int tile, int i0, const Document& doc, int b, int h,
+                                               float scale) {
   const int lane = threadIdx.x % 32;
   float(&s3)[1][BN / 8][4] = reinterpret_cast<float(&)[1][BN / 8][4]>(s);
   logits<kGeneral, 1, BN>(p, s3, partial, i0, tile * BN + 2 * (lane % 4), doc, b, h);
   move = false;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const float m = fmaxf(row_max[half], tile_row_max<kGeneral, BN>(p, s, half));
+    const float m = fmaxf(row_max[half], kFp8 ? tile_row_max<BN>(s, half, scale) : tile_row_max<kGeneral, BN>(p, s, half));
     move |= m > row_max[half];
     correction[half] = exp2f(row_max[half] - (m == -INFINITY ? 0.f : m));
     row_max[half] = m;
-    row_sum[half] = row_sum[half] * correction[half] + exp_row<kGeneral, BN>(p, s, half, m);
+    row_sum[half] = row_sum[half] * correction[half] +
+                    (kFp8 ? exp_row<BN>(s, half, m - kFp8Shift, scale) : exp_row<kGeneral, BN>(p, s, half, m));
   }
 }
 
@@ -104,12 +123,17 @@ __device__ __forceinline__ void rescale(float (&o)[D / 8][4], const float (&corr
   }
 }
 
-// kGeneral: as in the FA2 forward (softcap, dilation, block layout, scales <= 0).
-template <typename T, int D, bool kGeneral>
+// kGeneral: as in the FA2 forward (softcap, dilation, block layout, scales <= 0). T = e4m3: the FP8 forward (plain
+// masks, D = 128, equal-length rows), with TO its output type: Q, K and V^T in e4m3 with per-tile scales (a.scales),
+// S = Q K^T and O += P V on e4m3 wgmmas (k32), P in e4m3 with V^T's keys permuted to its fragments
+// (to_fragments_e4m3).
+template <typename T, int D, bool kGeneral, typename TO = T>
 __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdArgs a) {
   static_assert(D == 64 || D == 128, "the fa3 forward is instantiated for head dims 64 and 128");
+  constexpr bool kFp8 = std::is_same_v<T, e4m3>;
+  static_assert(!kFp8 || (D == 128 && !kGeneral), "the FP8 forward: D = 128 (one 128-byte line a row), plain masks");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a and the CPU emulation
-  using Tr = FwdTraits<T, D>;
+  using Tr = FwdTraits<T, D, TO>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, kConsumerThreads = Tr::kConsumerThreads;
   static_assert(BM == BN, "the forward is written for square tiles");
   const Params& p = a.p;
@@ -118,7 +142,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   unsigned char* sK = sQ + BM * D * sizeof(T);                    // 2 x (BN, D)
   unsigned char* sV = sK + 2 * Tr::kTileBytes;                    // 2 x (BN, D)
   unsigned char* sO = sV + 2 * Tr::kTileBytes;                    // 2 x (64, D): each consumer's O
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sO + BM * D * sizeof(T));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sO + BM * D * sizeof(TO));
   uint64_t *q_full = bars, *q_empty = bars + 1, *k_full = bars + 2, *v_full = bars + 4, *k_empty = bars + 6,
            *v_empty = bars + 8;
   const int items = a.m_tiles * a.documents * p.heads;
@@ -146,12 +170,18 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
         const unsigned j = g + t;
         if (j >= 2) mbar_wait(empty + j % 2, (j / 2 - 1) % 2);
         mbar_expect(full + j % 2, Tr::kTileBytes);
-        tma_load_tile<BN, D>(tiles + j % 2 * Tr::kTileBytes, map, hk, doc.k_start + vis.tiles[t] * BN, batch,
-                             full + j % 2);
+        if constexpr (kFp8) {
+          if (tiles == sV) {  // V^T: the tile's keys along the lines of D rows
+            tma_load(tiles + j % 2 * Tr::kTileBytes, map, doc.k_start + vis.tiles[t] * BN, hk, 0, batch, full + j % 2);
+            return;
+          }
+        }
+        tma_load_tile<BN, D, sizeof(T)>(tiles + j % 2 * Tr::kTileBytes, map, hk, doc.k_start + vis.tiles[t] * BN,
+                                        batch, full + j % 2);
       };
       if (nq > 0) mbar_wait(q_empty, (nq - 1) % 2);  // the last item's S are done
       mbar_expect(q_full, BM * D * sizeof(T));
-      tma_load_tile<BM, D>(sQ, a.q, it.h, doc.q_start + it.m_blk * BM, batch, q_full);
+      tma_load_tile<BM, D, sizeof(T)>(sQ, a.q, it.h, doc.q_start + it.m_blk * BM, batch, q_full);
       load_kv(sK, k_full, k_empty, a.k, 0);
       for (int t = 0; t < vis.count; ++t) {  // K runs a tile ahead of V: S(t + 1) is issued with P V(t)
         if (t + 1 < vis.count) load_kv(sK, k_full, k_empty, a.k, t + 1);
@@ -168,7 +198,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   // The warpgroup's 64 rows of Q (each panel holds BM rows), and the first K and V buffers
   const uint64_t q_desc = descriptor(smem_addr(sQ) + 64 * wg * 128);
   const uint64_t k_desc = descriptor(smem_addr(sK));
-  const uint64_t v_desc = descriptor(smem_addr(sV), BN * 128);
+  const uint64_t v_desc = kFp8 ? descriptor(smem_addr(sV)) : descriptor(smem_addr(sV), BN * 128);  // V^T K-major
   // Ping-pong: a consumer issues its MMAs between its turn's start and the other's
   const auto my_turn = [&] { named_sync(kTurn0 + wg, kConsumerThreads); };
   const auto your_turn = [&] { named_arrive(kTurn0 + (1 - wg), kConsumerThreads); };
@@ -189,7 +219,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     const int m_blk = it.m_blk, b = it.b, h = it.h;
     const int i0 = m_blk * BM + 64 * wg + 16 * (threadIdx.x / 32 % 4) + lane / 4;  // the thread's rows: i0, i0 + 8
     float o[D / 8][4] = {};
-    uint32_t pa[BN / 16][4];  // P of the latest tile, as A fragments
+    constexpr int kPk = kFp8 ? 32 : 16;  // keys per MMA of O += P V
+    uint32_t pa[BN / kPk][4];            // P of the latest tile, as A fragments
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // log2 domain; row_sum: this thread's part
     float s[BN / 8][4];
     // Waits for K(t) (kv) or V(t), key tile `tile`, to land in buffer (g + t) % 2. In a varlen document's last,
@@ -209,19 +240,30 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
     const auto release = [&](bool kv, int t) {
       if (lane == 0) mbar_arrive((kv ? k_empty : v_empty) + (g + t) % 2);
     };
-    const auto issue_s = [&](int t) {  // S = Q K(t)^T; 16 columns of D are 32 bytes of a line, 64 columns a panel
+    const auto issue_s = [&](int t) {  // S = Q K(t)^T; an MMA's k (16 bf16, 32 e4m3) is 32 bytes of a line
       const unsigned j = (g + t) % 2;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_ss<T, BN>(s, q_desc + ((kk / 4) * BM * 128 + (kk % 4) * 32) / 16,
-                        k_desc + (j * Tr::kTileBytes + (kk / 4) * BN * 128 + (kk % 4) * 32) / 16, kk > 0);
+      for (int kk = 0; kk < D * int{sizeof(T)} / 32; ++kk) {
+        const uint64_t qk = q_desc + ((kk / 4) * BM * 128 + (kk % 4) * 32) / 16;
+        const uint64_t kd = k_desc + (j * Tr::kTileBytes + (kk / 4) * BN * 128 + (kk % 4) * 32) / 16;
+        if constexpr (kFp8) {
+          wgmma_ss_e4m3(s, qk, kd, kk > 0);
+        } else {
+          wgmma_ss<T, BN>(s, qk, kd, kk > 0);
+        }
+      }
       wgmma_commit();
     };
-    const auto issue_pv = [&](int t) {  // O += P(t) V(t); 16 keys are 16 lines of every panel
+    const auto issue_pv = [&](int t) {  // O += P(t) V(t); 16 keys are 16 lines of every panel, 32 of V^T's line
       const unsigned j = (g + t) % 2;
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_rs<T, D>(o, pa[kk], v_desc + (j * Tr::kTileBytes + kk * 16 * 128) / 16);
+      for (int kk = 0; kk < BN / kPk; ++kk) {
+        if constexpr (kFp8) {
+          wgmma_rs_e4m3(o, pa[kk], v_desc + (j * Tr::kTileBytes + kk * 32) / 16);
+        } else {
+          wgmma_rs<T, D>(o, pa[kk], v_desc + (j * Tr::kTileBytes + kk * 16 * 128) / 16);
+        }
+      }
       wgmma_commit();
     };
 
@@ -235,12 +277,27 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       pin<D / 8>(o);
       if (t > 0) release(false, t - 1);
       rescale<D>(o, correction, move);
-      to_fragments<T, BN>(s, pa);
+      if constexpr (kFp8) {
+        to_fragments_e4m3<BN>(s, pa);
+      } else {
+        to_fragments<T, BN>(s, pa);
+      }
     };
 
     // The key tiles of t - 1, t and t + 1, each index read an iteration before its use: read after an mbarrier wait
     // (a memory clobber), an index is read there again, and the tile waits for the load
     int prev_tile = 0, tile = vis.count > 0 ? vis.tiles[0] : 0, next_tile = vis.count > 1 ? vis.tiles[1] : 0;
+    // The FP8 forward's logits' scale of each tile (softmax scale x Q's scale x K(t)'s), read with the tile's index;
+    // elsewhere to_log2
+    float scale = 0.f, next_scale = 0.f;
+    const float* k_scales = a.scales.k + (int64_t{b} * (p.heads / p.kv_group) + h / p.kv_group) * a.scales.k_blocks;
+    const auto tile_scale = [&](int key_tile) {
+      return p.scale_log2 * a.scales.q[(int64_t{b} * p.heads + h) * a.scales.q_blocks + m_blk] * k_scales[key_tile];
+    };
+    if constexpr (kFp8) {
+      if (vis.count > 0) scale = tile_scale(tile);
+      if (vis.count > 1) next_scale = tile_scale(next_tile);
+    }
     if (vis.count > 0) {
       if (wg == 1 && !handed) your_turn();  // consumer 0 goes first
       mbar_wait(q_full, nq % 2);
@@ -252,12 +309,17 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       wgmma_wait<0>();
       release(true, 0);
       pin<BN / 8>(s);
-      online_softmax<BN, kGeneral>(p, s, row_max, row_sum, correction, move, 0 < vis.partial, tile, i0, doc, b, h);
+      online_softmax<BN, kGeneral, kFp8>(p, s, row_max, row_sum, correction, move, 0 < vis.partial, tile, i0, doc,
+                                         b, h, scale);
     }
     for (int t = 1; t < vis.count; ++t) {
       prev_tile = tile;
       tile = next_tile;
-      if (t + 1 < vis.count) next_tile = vis.tiles[t + 1];
+      if constexpr (kFp8) scale = next_scale;
+      if (t + 1 < vis.count) {
+        next_tile = vis.tiles[t + 1];
+        if constexpr (kFp8) next_scale = tile_scale(next_tile);
+      }
       landed(true, t, tile);
       landed(false, t - 1, prev_tile);
       prepare_pv(t - 1);
@@ -270,7 +332,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       wgmma_wait<1>();  // S(t) is done; P V of the previous tile may still run
       release(true, t);
       pin<BN / 8>(s);
-      online_softmax<BN, kGeneral>(p, s, row_max, row_sum, correction, move, t < vis.partial, tile, i0, doc, b, h);
+      online_softmax<BN, kGeneral, kFp8>(p, s, row_max, row_sum, correction, move, t < vis.partial, tile, i0, doc,
+                                         b, h, scale);
     }
     if (vis.count > 0) {
       if (lane == 0) mbar_arrive(q_empty);  // every S is done: the next item's Q may come
@@ -293,7 +356,16 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       g += vis.count;
     }
 
-    const float2 inv = finish_rows(p, row_max, row_sum, i0, doc, b, h);
+    float2 inv;
+    if constexpr (kFp8) {  // the logsumexp without P's shift; O times V's scale
+      const float unshifted[2] = {row_max[0] - kFp8Shift, row_max[1] - kFp8Shift};
+      const float v_scale = a.scales.v[int64_t{b} * (p.heads / p.kv_group) + h / p.kv_group];
+      inv = finish_rows(p, unshifted, row_sum, i0, doc, b, h);
+      inv.x *= v_scale;
+      inv.y *= v_scale;
+    } else {
+      inv = finish_rows(p, row_max, row_sum, i0, doc, b, h);
+    }
     // A whole query tile's O goes out by TMA: 128-byte lines instead of every thread's 4-byte stores. Each consumer
     // stores its 64 rows from its half of sO, issued and awaited by its first thread, so that the consumers do not
     // meet between items. A tile past a varlen document's end keeps fa2's stores.
@@ -303,10 +375,10 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
 #pragma unroll
         for (int c = 0; c < 4; ++c) o[d][c] *= c < 2 ? inv.x : inv.y;
       constexpr int kRows = Tr::kConsumerRows;
-      unsigned char* so = sO + wg * kRows * D * sizeof(T);  // (kRows, D), swizzled
+      unsigned char* so = sO + wg * kRows * D * sizeof(TO);  // (kRows, D), swizzled
       if (threadIdx.x % 128 == 0) bulk_wait_read<0>();   // the consumer's last store has read it
       named_sync(kOStored0 + wg, 128);
-      store_swizzled<T, kRows, D>(so, o, 16 * (threadIdx.x / 32 % 4));
+      store_swizzled<TO, kRows, D>(so, o, 16 * (threadIdx.x / 32 % 4));
       fence_proxy_async();
       named_sync(kOStored0 + wg, 128);  // the consumer's rows are stored
       if (threadIdx.x % 128 == 0) {
@@ -314,7 +386,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
         bulk_commit();
       }
     } else {
-      store_rows<T, D>(p, o, inv, i0, doc, b, h);
+      store_rows<TO, D>(p, o, inv, i0, doc, b, h);
     }
   }
   if (threadIdx.x % 128 == 0) bulk_wait_read<0>();  // before the block's shared memory goes

@@ -46,9 +46,29 @@ void run_fwd(const Problem& pb, const Launch& launch) {
                      tensor_map(pb.v, Tr::kBlockN),
                      tensor_map(pb.o, Tr::kConsumerRows),
                      m_tiles,
-                     pb.documents};
+                     pb.documents,
+                     {}};
   const dim3 grid = item_grid(launch, int64_t{m_tiles} * pb.documents * pb.p.heads, balanced_items(pb), "forward");
   if (grid.x > 0) launch(fwd_kernel<T, D, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);
+}
+
+// The FP8 forward (fwd_kernel with e4m3 inputs, plain masks, equal-length rows): pb's q and k in e4m3, its v V^T
+// ((B, Hk, D, keys) described as heads Hk, rows D and keys along the lines), o in TO.
+template <typename TO, int D, typename Launch>
+void run_fwd_fp8(const Problem& pb, const Fp8Scales& scales, const Launch& launch) {
+  using Tr = FwdTraits<e4m3, D, TO>;
+  const int m_tiles = (pb.p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const FwdArgs args{pb.p,
+                     tensor_map(pb.q, Tr::kBlockM),
+                     tensor_map(pb.k, Tr::kBlockN),
+                     tensor_map(pb.v, D),
+                     tensor_map(pb.o, Tr::kConsumerRows),
+                     m_tiles,
+                     pb.documents,
+                     scales};
+  const dim3 grid =
+      item_grid(launch, int64_t{m_tiles} * pb.documents * pb.p.heads, balanced_items(pb), "FP8 forward");
+  if (grid.x > 0) launch(fwd_kernel<e4m3, D, false, TO>, grid, Tr::kThreads, Tr::kSmem, args);
 }
 
 template <typename T, int D, bool kGeneral, typename Launch>

@@ -6,7 +6,8 @@
 // end but inside the tensor (varlen) hold the next document's values: the kernels zero them (zero_rows). Stores
 // go the other way, from a swizzled panel to global memory; they would write a tile's rows past a document's end
 // into the next document, so the kernels store whole tiles only this way. Reductions add a float32 panel into
-// global memory (the backward's dQ). A box is 128 bytes wide: 64 columns of 2-byte elements, 32 of float32.
+// global memory (the backward's dQ). A box is 128 bytes wide: 64 columns of 2-byte elements, 32 of float32, 128 of
+// e4m3.
 #pragma once
 
 #include <cstdint>
@@ -121,9 +122,10 @@ inline TensorMap make_tensor_map(const void* base, Element element, const int64_
                                       static_cast<cuuint64_t>(bytes * strides[2])};
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / bytes), 1, static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type = element == Element::kBf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                   : element == Element::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  const CUtensorMapDataType type = element == Element::kBf16   ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : element == Element::kF16  ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                   : element == Element::kE4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   TensorMap map;
   const CUresult status = encode(
       reinterpret_cast<CUtensorMap*>(&map), type, 4, const_cast<void*>(base), extent, stride_bytes, box, unit,
@@ -222,13 +224,14 @@ inline void bulk_wait_read() {
 }
 #endif
 
-// A whole swizzled (ROWS, D) tile, its D / 64 panels of ROWS lines one box each: rows [row, row + ROWS) of head
-// `head` of `map` into `dst` on `bar`, or from `src` (stores of this thread's open bulk group: bulk_commit follows).
-template <int ROWS, int D>
+// A whole swizzled (ROWS, D) tile of BYTES-byte elements, its D * BYTES / 128 panels of ROWS lines one box each:
+// rows [row, row + ROWS) of head `head` of `map` into `dst` on `bar`, or from `src` (2-byte elements; stores of
+// this thread's open bulk group: bulk_commit follows).
+template <int ROWS, int D, int BYTES = 2>
 __device__ __forceinline__ void tma_load_tile(unsigned char* dst, const TensorMap& map, int head, int row, int batch,
                                               uint64_t* bar) {
 #pragma unroll
-  for (int c = 0; c < D / 64; ++c) tma_load(dst + c * ROWS * 128, map, 64 * c, head, row, batch, bar);
+  for (int c = 0; c < D * BYTES / 128; ++c) tma_load(dst + c * ROWS * 128, map, 128 / BYTES * c, head, row, batch, bar);
 }
 template <int ROWS, int D>
 __device__ __forceinline__ void tma_store_tile(const TensorMap& map, const unsigned char* src, int head, int row,

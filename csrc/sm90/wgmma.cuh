@@ -74,6 +74,21 @@ __device__ __forceinline__ void to_fragments(const float (&s)[BN / 8][4], uint32
   }
 }
 
+// P (64 x BN keys of a warpgroup, float accumulators) as the e4m3 A fragments of O += P V, one per 32 keys. A
+// thread's accumulators hold keys {2q, 2q + 1, 2q + 8, 2q + 9} of each 16 (q = lane % 4) where the 8-bit A layout
+// wants {4q .. 4q + 3}: they go in as they are, so that A's k = 4q + i is key perm(4q + i) of its 16, and V's keys
+// come permuted alike (fp8.py lays V out so), which keeps the shuffles out of the loop.
+template <int BN>
+__device__ __forceinline__ void to_fragments_e4m3(const float (&s)[BN / 8][4], uint32_t (&a)[BN / 32][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 32; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // (row half, 16-key half) of the fragment: registers {(0, 0), (1, 0), (0, 1), (1, 1)}
+      const int half = r % 2, n = 4 * kk + 2 * (r / 2);
+      a[kk][r] = pack4_e4m3(s[n][2 * half], s[n][2 * half + 1], s[n + 1][2 * half], s[n + 1][2 * half + 1]);
+    }
+}
+
 // Descriptor of a swizzled operand starting at shared address `addr`. K-major (the reduction runs along the 128-byte
 // lines: Q and K in S = Q K^T): `panel` unused, 8-row groups 1024 bytes apart. MN-major (the output columns run
 // along the lines: V in O = P V): `panel` bytes between the 64-column panels, 8-row groups 1024 bytes apart.
@@ -167,6 +182,25 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
   }
 }
 
+// The FP8 forward's MMAs, e4m3 x e4m3 with float32 accumulators, k32 per instruction. Both shared-memory operands
+// are K-major (8-bit wgmma transposes neither); an A operand in registers holds, per thread of row g = lane / 4 (and
+// g + 8) of its warp's 16, the four k at 4 (lane % 4) .. + 3 and 16 + 4 (lane % 4) .. + 3: registers {(g, low k),
+// (g + 8, low k), (g, high k), (g + 8, high k)}, the lowest k in the lowest byte.
+// d (64 x 128) (+)= A (64 x 32) B (32 x 128), both from shared memory.
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[16][4], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+               LEGALPT_D128 ", %64, %65, p, 1, 1;\n}\n"
+               : LEGALPT_ACC128
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+// d (64 x 128) += A (64 x 32, registers) B (32 x 128, shared memory).
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " LEGALPT_D128
+               ", {%64, %65, %66, %67}, %68, 1, 1, 1;\n"
+               : LEGALPT_ACC128
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
 #else  // LEGALPT_EMULATE: the same on the CPU (csrc/common/emulate.h); a wgmma runs when a wait for its group returns
 extern unsigned char smem_raw[];  // the kernels' dynamic shared memory, defined by csrc/emulated.cpp
 
@@ -209,18 +243,37 @@ inline float element(const Operand& o, bool mn_major, int i, int k) {
   if (!mn_major) return at<T>(o.start + (i / 8) * o.sbo + (i % 8) * 128 + 2 * k);
   return at<T>(o.start + (i / 64) * o.lbo + (k / 8) * o.sbo + (k % 8) * 128 + 2 * (i % 64));
 }
+// The same for a K-major e4m3 operand: one byte per element.
+inline float element_e4m3(const Operand& o, int i, int k) {
+  const uint32_t addr = o.start + (i / 8) * o.sbo + (i % 8) * 128 + k;
+  return e4m3_to_float(smem_raw[addr ^ (((addr >> 7) & 7) << 4)]);
+}
 
-// d[j][c] (+)= sum over k of a(row, k) b(col, k) at this thread's accumulator positions.
-template <int N, typename A, typename B>
+// d[j][c] (+)= sum over k < K of a(row, k) b(col, k) at this thread's accumulator positions.
+template <int N, int K = 16, typename A, typename B>
 inline void mma(float (&d)[N / 8][4], bool accumulate, A a, B b) {
   const int w = threadIdx.x / 32 % 4, l = threadIdx.x % 32;
   for (int j = 0; j < N / 8; ++j)
     for (int c = 0; c < 4; ++c) {
       const int row = 16 * w + l / 4 + 8 * (c / 2), col = 8 * j + 2 * (l % 4) + c % 2;
       float sum = accumulate ? d[j][c] : 0.f;
-      for (int k = 0; k < 16; ++k) sum = std::fma(a(row, k), b(col, k), sum);
+      for (int k = 0; k < K; ++k) sum = std::fma(a(row, k), b(col, k), sum);
       d[j][c] = sum;
     }
+}
+
+// The warp's 16 rows of a register A operand (each thread's four registers), gathered from the warpgroup's threads
+// at the issue.
+inline std::array<std::array<uint32_t, 4>, 32> warp_a_rows(const uint32_t (&a)[4]) {
+  emu::GroupScratch& s = emu::group_scratch();
+  for (int i = 0; i < 4; ++i) s.regs[threadIdx.x % 128][i] = a[i];
+  emu::group_sync();
+  const int w = threadIdx.x / 32 % 4;
+  std::array<std::array<uint32_t, 4>, 32> rows;
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < 4; ++i) rows[l][i] = s.regs[32 * w + l][i];
+  emu::group_sync();
+  return rows;
 }
 
 }  // namespace emulated
@@ -238,15 +291,7 @@ inline void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulat
 // A's fragments are gathered from the warpgroup's 128 threads (mma.sync's m16k16 layout, warp w rows 16 w ...).
 template <typename T, int N>
 inline void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b) {
-  emu::GroupScratch& s = emu::group_scratch();
-  for (int i = 0; i < 4; ++i) s.regs[threadIdx.x % 128][i] = a[i];
-  emu::group_sync();
-  // The warp's 16 rows of A (the rows its accumulators hold), taken at the issue
-  const int w = threadIdx.x / 32 % 4;
-  std::array<std::array<uint32_t, 4>, 32> rows;
-  for (int l = 0; l < 32; ++l)
-    for (int i = 0; i < 4; ++i) rows[l][i] = s.regs[32 * w + l][i];
-  emu::group_sync();
+  const auto rows = emulated::warp_a_rows(a);
   const emulated::Operand ob = emulated::decode(b);
   emu::wgmma_issue([&d, rows, ob] {
     const auto a_at = [&](int m, int k) {
@@ -254,6 +299,26 @@ inline void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b) {
       return to_float_bits<T>(static_cast<uint16_t>(reg >> (16 * (k % 2))));
     };
     emulated::mma<N>(d, true, a_at, [&](int n, int k) { return emulated::element<T>(ob, true, n, k); });
+  });
+}
+
+inline void wgmma_ss_e4m3(float (&d)[16][4], uint64_t a, uint64_t b, int accumulate) {
+  const emulated::Operand oa = emulated::decode(a), ob = emulated::decode(b);
+  emu::wgmma_issue([&d, oa, ob, accumulate] {
+    emulated::mma<128, 32>(
+        d, accumulate != 0, [&](int m, int k) { return emulated::element_e4m3(oa, m, k); },
+        [&](int n, int k) { return emulated::element_e4m3(ob, n, k); });
+  });
+}
+inline void wgmma_rs_e4m3(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b) {
+  const auto rows = emulated::warp_a_rows(a);
+  const emulated::Operand ob = emulated::decode(b);
+  emu::wgmma_issue([&d, rows, ob] {
+    const auto a_at = [&](int m, int k) {  // the 8-bit layout of the comment above wgmma_ss_e4m3
+      const uint32_t reg = rows[(m % 8) * 4 + (k % 16) / 4][(m % 16) / 8 + 2 * (k / 16)];
+      return e4m3_to_float(static_cast<uint8_t>(reg >> (8 * (k % 4))));
+    };
+    emulated::mma<128, 32>(d, true, a_at, [&](int n, int k) { return emulated::element_e4m3(ob, n, k); });
   });
 }
 #endif

@@ -23,6 +23,7 @@ from pathlib import Path
 
 HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # every head dim the kernels are written for
 SM90_HEAD_DIMS = (64, 128)  # those the FA3 path has kernels for; the rest run the FA2 path on Hopper too
+FP8_HEAD_DIM = 128  # the FP8 forward's (sm90): a row of Q, K is one 128-byte line
 ARCHS_ENV, HEAD_DIMS_ENV, SKIP_ENV = "LEGALPT_CUDA_ARCHS", "LEGALPT_HEAD_DIMS", "LEGALPT_SKIP_CUDA_BUILD"
 _TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}
 _NAMESPACES = {"sm80": "fa2", "sm90": "fa3"}
@@ -69,6 +70,8 @@ def instantiations() -> dict[str, str]:
                     for general in (False, True):
                         name = f"{path}_{direction}_hdim{d}_{dtype}{'_general' if general else ''}.cu"
                         files[name] = _kernel_file(path, direction, d, dtype, general)
+    for dtype in _TYPES:  # the FP8 forward, by its output's type
+        files[f"sm90_fp8fwd_hdim{FP8_HEAD_DIM}_{dtype}.cu"] = _fp8_file(dtype)
     return files
 
 
@@ -86,6 +89,15 @@ def _kernel_file(path: str, direction: str, d: int, dtype: str, general: bool) -
     function = f"legalpt::{_NAMESPACES[path]}::run_{direction}<{_TYPES[dtype]}, {d}, {str(general).lower()}>"
     return _header(what, path) + (
         f"template void {function}(\n    const legalpt::Problem&, const legalpt::CudaLaunch&);\n"
+    )
+
+
+def _fp8_file(dtype: str) -> str:
+    what = f"The sm90 FP8 forward at head dim {FP8_HEAD_DIM}, e4m3 inputs, {dtype} output"
+    function = f"legalpt::fa3::run_fwd_fp8<{_TYPES[dtype]}, {FP8_HEAD_DIM}>"
+    return _header(what, "sm90") + (
+        f"template void {function}(\n    const legalpt::Problem&, const legalpt::fa3::Fp8Scales&, "
+        "const legalpt::CudaLaunch&);\n"
     )
 
 

@@ -15,7 +15,9 @@ FlashAttention-3's FP8 recipe (Shah et al., 2024), in the form our kernels compu
   before rounding, and the factor 2^8 cancels in the normalization.
 
 `reference_forward` computes exactly these steps in float32 on any device, key tile by key tile with the online
-softmax, as the kernel's numerics reference and for `scripts/fp8_accuracy.py`.
+softmax, as the kernel's numerics reference and for `scripts/fp8_accuracy.py`; the `fa3` backend runs them on the
+Hopper kernel (csrc/sm90/fwd.cuh with e4m3 inputs) at head dim 128, which reads V transposed, its keys permuted
+within each 16 to match P's register fragments (`_v_for_kernel`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from legalpt.attention import kernels
 from legalpt.attention.api import _check_qkv, _check_rank, _is_number, _is_pair
+from legalpt.attention.blocks import schedule_for
 from legalpt.attention.masks import MaskSpec, element_mask
 
 E4M3 = torch.float8_e4m3fn
@@ -34,7 +38,11 @@ E4M3_MAX = 448.0  # e4m3's largest finite value
 BLOCK_ROWS = 128  # rows of Q or K per scale: the kernels' query and key tiles
 P_SHIFT = 8  # P is stored as exp2(logit - max + P_SHIFT): values in (0, 2^8] instead of (0, 1]
 SCALINGS = ("block", "tensor")
-BACKENDS = ("auto", "reference")
+BACKENDS = ("auto", "fa3", "reference")
+KERNEL_HEAD_DIM = 128  # the FP8 kernel's: a row of Q or K is one 128-byte line of shared memory
+# Where P's e4m3 fragment holds key k of each 16 (csrc/sm90/wgmma.cuh, to_fragments_e4m3): V^T's column 4q + i holds
+# key 2q + i (i < 2) or 2q + 8 + i - 2.
+_KEY_ORDER = [2 * (a // 4) + (a % 4 if a % 4 < 2 else 8 + a % 4 - 2) for a in range(16)]
 
 
 @dataclass(frozen=True)
@@ -157,7 +165,8 @@ def flash_attn_fp8_func(
     q's dtype, and with return_attn_probs=True (out, softmax_lse (B, H, Sq) float32, None) like flash_attn_func.
     window_size=(left, right), -1 = unbounded; causal is bottom-right aligned when Sq != Sk. scaling: "block" (Q, K
     per 128 rows, V per head) or "tensor"; incoherent: the random Hadamard rotation of Q and K (power-of-two head
-    dims), `seed` its signs. backend: "reference" (PyTorch in float32, any device) or "auto", which is it.
+    dims), `seed` its signs. backend: "fa3" (the Hopper kernel, head dim 128), "reference" (PyTorch in float32, any
+    device), or "auto": fa3 where it can run, else the reference.
     """
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
@@ -171,6 +180,60 @@ def flash_attn_fp8_func(
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS} for FP8 attention, got {backend!r}")
     inputs = quantize(q, k, v, scaling, incoherent, seed)
-    out, lse = reference_forward(inputs, float(softmax_scale), causal, tuple(window_size))
+    if _resolve(backend, q) == "fa3":
+        out_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        out, lse = _fa3_forward(inputs, float(softmax_scale), causal, tuple(window_size), out_dtype)
+    else:
+        out, lse = reference_forward(inputs, float(softmax_scale), causal, tuple(window_size))
     out = out.to(q.dtype)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _resolve(backend: str, q: Tensor) -> str:
+    """The backend that runs: `backend`, or for "auto" fa3 where it can run, else the reference."""
+    if backend == "reference":
+        return backend
+    reason = _fa3_unavailable(q)
+    if backend == "fa3" and reason is not None:
+        raise ValueError(f"backend: fa3 cannot run FP8 attention here: {reason}")
+    return "reference" if reason is not None else "fa3"
+
+
+def _fa3_unavailable(q: Tensor) -> str | None:
+    """Why the FP8 kernel cannot serve q's device and head dim; None when it can."""
+    if q.shape[-1] != KERNEL_HEAD_DIM:
+        return f"the FP8 kernel has head dim {KERNEL_HEAD_DIM}, got {q.shape[-1]}"
+    reason = kernels.unavailable_reason(q.device, KERNEL_HEAD_DIM, torch.bfloat16, sm90=True)
+    if reason is None and not hasattr(kernels.extension(), "forward_fp8"):
+        reason = "the installed kernels have no FP8 forward (reinstall legalpt with head dim 128 and sm90 built)"
+    return reason
+
+
+def _fa3_forward(
+    inputs: Fp8Inputs, softmax_scale: float, causal: bool, window_size: tuple[int, int], out_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """The FP8 kernel on `inputs`: out (B, Sq, H, D) in out_dtype, logsumexp (B, H, Sq)."""
+    ext = kernels.extension()
+    q, k = inputs.q.contiguous(), inputs.k.contiguous()
+    batch, seqlen_q, heads, _ = q.shape
+    spec = MaskSpec(causal=causal, window=window_size)
+    tile, _ = ext.tiles(KERNEL_HEAD_DIM, True)
+    schedule = schedule_for(spec, None, None, seqlen_q, k.shape[1], tile, transposed=False, device=q.device)
+    out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+    ext.forward_fp8(
+        q, k, _v_for_kernel(inputs.v), out, lse, inputs.q_scale, inputs.k_scale, inputs.v_scale,
+        schedule.counts, schedule.indices, spec.ints(), softmax_scale,
+    )  # fmt: skip
+    return out, lse
+
+
+def _v_for_kernel(v: Tensor) -> Tensor:
+    """V (B, Sk, Hk, D) e4m3 as the kernel reads it: V^T (B, Hk, D, keys), the keys padded with zeros to whole
+    tiles of BLOCK_ROWS and permuted within each 16 to P's fragments (_KEY_ORDER)."""
+    keys = -(-v.shape[1] // BLOCK_ROWS) * BLOCK_ROWS
+    padded = torch.zeros((v.shape[0], keys, *v.shape[2:]), dtype=v.dtype, device=v.device)
+    padded[:, : v.shape[1]] = v
+    order = torch.tensor(_KEY_ORDER, device=v.device)
+    index = (torch.arange(keys, device=v.device) // 16 * 16).view(-1, 16) + order
+    return padded[:, index.flatten()].permute(0, 2, 3, 1).contiguous()

@@ -8,6 +8,8 @@ API, so it imports it where it runs: the oracle's module stays free of legalpt.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -179,6 +181,9 @@ class EmulatedKernels:
     def forward(self, q: Tensor, *args) -> None:
         self._build(q.shape[-1]).forward(q, *args)
 
+    def forward_fp8(self, q: Tensor, *args) -> None:
+        self._build(q.shape[-1]).forward_fp8(q, *args)
+
     def prepare(self, *args) -> None:  # the last argument, dq_accum, has the padded head dim
         self._build(args[-1].shape[-1]).prepare(*args)
 
@@ -195,3 +200,19 @@ def use_emulated_kernels(monkeypatch) -> None:
     emulated = EmulatedKernels()
     monkeypatch.setattr(kernels, "extension", lambda: emulated)
     monkeypatch.setattr(cuda.CudaBackend, "check", lambda self, batch: cuda.check_inputs(batch, self.name))
+
+
+def assert_fp8_kernel_computes_reference(
+    out: Tensor, lse: Tensor, ref: Tensor, ref_lse: Tensor, dtype: torch.dtype
+) -> None:
+    """The FP8 kernel's (out, lse) against fp8.reference_forward's through flash_attn_fp8_func: equal up to float32
+    sums, exp2's rounding moving a P across an e4m3 rounding boundary, and the output's rounding; rows without keys
+    give 0 and -inf."""
+    assert out.dtype == dtype and not out.isnan().any() and not lse.isnan().any()
+    seen = ref_lse > -math.inf  # (B, H, Sq)
+    assert torch.equal(lse[~seen], ref_lse[~seen])
+    torch.testing.assert_close(lse[seen], ref_lse[seen], atol=1e-4, rtol=1e-5)
+    rows = seen.transpose(1, 2)  # (B, Sq, H)
+    assert torch.equal(out[~rows].float(), torch.zeros_like(out[~rows].float()))
+    difference = (out.float() - ref.float())[rows]
+    assert difference.abs().max() < 0.05 and difference.abs().mean() < 2e-3

@@ -22,13 +22,14 @@ import torch
 from attention_helpers import (
     assert_documents_stay_apart,
     assert_flash_attn_rule,
+    assert_fp8_kernel_computes_reference,
     naive_attention,
     rising_scores,
     use_emulated_kernels,
 )
 from torch.utils.cpp_extension import is_ninja_available
 
-from legalpt.attention import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, kernels
+from legalpt.attention import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, fp8, kernels
 from legalpt.attention.backends import AttentionBatch, cuda
 from legalpt.attention.masks import MaskSpec
 
@@ -331,3 +332,24 @@ def test_emulated_kernels_read_a_kv_cache_where_it_lies(
     torch.testing.assert_close(lse.double(), lse_want, atol=1e-2, rtol=1e-3)
     assert_same_cache(args["k_cache"], k_want)
     assert_same_cache(args["v_cache"], v_want)
+
+
+# The FP8 forward (fa3 with e4m3 inputs, head dim 128): dtype, (Sq, Sk), (heads, kv heads), mask keyword arguments
+FP8_CASES = {
+    "causal-gqa-unequal": (torch.bfloat16, (113, 300), (4, 2), {"causal": True}),
+    "causal-rows-without-keys": (torch.bfloat16, (260, 130), (2, 2), {"causal": True}),
+    "window": (torch.bfloat16, (200, 200), (2, 1), {"window_size": (64, 0)}),
+    "dense-fp16": (torch.float16, (129, 257), (2, 2), {}),
+}
+
+
+@pytest.mark.parametrize("case", FP8_CASES)
+def test_emulated_fp8_forward_computes_its_reference(case, monkeypatch):
+    """The kernel computes fp8.reference_forward's numerics (assert_fp8_kernel_computes_reference)."""
+    dtype, (seqlen_q, seqlen_k), (heads, kv_heads), mask = FP8_CASES[case]
+    monkeypatch.setattr(fp8, "_fa3_unavailable", lambda q: None)
+    q = torch.randn(2, seqlen_q, heads, 128, dtype=dtype)
+    k, v = (torch.randn(2, seqlen_k, kv_heads, 128, dtype=dtype) for _ in range(2))
+    out, lse, _ = fp8.flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="fa3", **mask)
+    ref, ref_lse, _ = fp8.flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="reference", **mask)
+    assert_fp8_kernel_computes_reference(out, lse, ref, ref_lse, dtype)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from attention_helpers import naive_attention
+from attention_helpers import assert_fp8_kernel_computes_reference, naive_attention
 
 from legalpt.attention import fp8
 from legalpt.attention.fp8 import BLOCK_ROWS, E4M3_MAX, flash_attn_fp8_func, incoherence_matrix, quantize
@@ -132,7 +132,7 @@ def test_accuracy_script_shows_incoherent_processing_helps(load_script, tmp_path
     ("kwargs", "message"),
     [
         ({"scaling": "row"}, "scaling: expected one of"),
-        ({"backend": "fa3"}, "backend: expected one of"),
+        ({"backend": "flex"}, "backend: expected one of"),
         ({"softmax_scale": -1.0}, "softmax_scale: expected a finite number > 0"),
         ({"window_size": (-2, 0)}, "window_size: expected"),
         ({"causal": 1}, "causal: expected a bool"),
@@ -145,6 +145,18 @@ def test_bad_arguments_are_named(kwargs, message):
         flash_attn_fp8_func(q, q, q, **kwargs)
 
 
+def test_fa3_backend_says_why_it_cannot_run():
+    """On the CPU, or at a head dim other than 128, backend="fa3" is refused with the reason; "auto" runs the
+    reference there."""
+    q = torch.randn(1, 8, 2, 64)
+    with pytest.raises(ValueError, match="backend: fa3 cannot run FP8 attention here: the FP8 kernel has head dim 128"):
+        flash_attn_fp8_func(q, q, q, backend="fa3")
+    q = torch.randn(1, 8, 2, 128)
+    with pytest.raises(ValueError, match="backend: fa3 cannot run FP8 attention here: it needs a CUDA device"):
+        flash_attn_fp8_func(q, q, q, backend="fa3")
+    torch.testing.assert_close(flash_attn_fp8_func(q, q, q), flash_attn_fp8_func(q, q, q, backend="reference"))
+
+
 def test_bad_tensors_are_named():
     q = torch.randn(1, 8, 2, 32)
     with pytest.raises(ValueError, match="head_dim: incoherent processing needs a power of two"):
@@ -155,3 +167,29 @@ def test_bad_tensors_are_named():
         flash_attn_fp8_func(q[0], q[0], q[0])
     with pytest.raises(ValueError, match="q: expected dtype"):
         flash_attn_fp8_func(q.int(), q.int(), q.int())
+
+
+FP8_KERNEL_CASES = [  # dtype, (Sq, Sk), (heads, kv heads), mask keyword arguments
+    (torch.bfloat16, (1, 1), (2, 2), {}),
+    (torch.bfloat16, (113, 1023), (8, 2), {"causal": True}),
+    (torch.float16, (1023, 113), (4, 4), {"causal": True}),  # the first 910 rows see no key
+    (torch.bfloat16, (4096, 4096), (16, 16), {"causal": True}),
+    (torch.bfloat16, (2048, 2048), (8, 1), {"window_size": (256, 0)}),
+    (torch.float16, (777, 777), (4, 2), {}),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("dtype", "lengths", "heads", "mask"), FP8_KERNEL_CASES)
+def test_fa3_fp8_kernel_computes_its_reference(dtype, lengths, heads, mask, monkeypatch):
+    """The Hopper kernel against the reference on the same quantized inputs, outputs poisoned before the run."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP8 kernel runs on Hopper (sm90)")
+    poisoned = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poisoned(*a, **kw).fill_(float("nan")))
+    (seqlen_q, seqlen_k), (h, hk) = lengths, heads
+    q = torch.randn(2, seqlen_q, h, 128, dtype=dtype, device="cuda")
+    k, v = (torch.randn(2, seqlen_k, hk, 128, dtype=dtype, device="cuda") for _ in range(2))
+    out, lse, _ = flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="fa3", **mask)
+    ref, ref_lse, _ = flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="reference", **mask)
+    assert_fp8_kernel_computes_reference(out, lse, ref, ref_lse, dtype)
