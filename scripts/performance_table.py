@@ -273,6 +273,7 @@ def attention() -> list[str]:
             *headline(table),
             *against_sdpa(table, tflops),
             *against_flex(table, tflops),
+            *fp8_forward(record["rows"]),
         ]
         plot = path.with_suffix(".png")
         if plot.exists():
@@ -332,6 +333,26 @@ def against_flex(table: list[dict], tflops: dict) -> list[str]:
     for e in table:
         if e["vs_flex"] is not None:
             lines.append(f"{_shape(e, tflops)} {_times(e['vs_flex'])} |")
+    return [*lines, ""]
+
+
+def fp8_forward(rows: list[dict]) -> list[str]:
+    """The FP8 forward (fa3-fp8, its quantization included) against our bf16/fp16 forward (fa3) per shape."""
+    ours = {_key(r): r for r in rows if r["impl"] == "fa3" and r["ms"]}
+    pairs = [(r, ours[_key(r)]) for r in rows if r["impl"] == "fa3-fp8" and r["ms"] and _key(r) in ours]
+    if not pairs:
+        return []
+    lines = [
+        "FP8 forward (`flash_attn_fp8_func`, quantization included) against our forward in the record's dtype:",
+        "",
+        "| mask | head dim | seqlen | batch × heads | FP8 ms | FP8 TFLOP/s | ours ms | FP8 speedup |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for fp8, base in pairs:
+        lines.append(
+            f"| {fp8['mask']} | {fp8['head_dim']} | {fp8['seqlen_q']:,} | {fp8['batch']} × {_heads(fp8)} | "
+            f"{fp8['ms']:.3f} | {fp8['tflops']:.0f} | {base['ms']:.3f} | {base['ms'] / fp8['ms']:.2f}× |"
+        )
     return [*lines, ""]
 
 
