@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -255,7 +256,21 @@ void forward_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& vt,
                  const at::Tensor& q_scale, const at::Tensor& k_scale, const at::Tensor& v_scale,
                  const at::Tensor& counts, const at::Tensor& indices, const std::vector<int64_t>& mask,
                  double scale) {
-  TORCH_CHECK(q.size(-1) == 128, "forward_fp8: head dim 128, got ", q.size(-1));
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && vt.dim() == 4, "forward_fp8: (B, S, H, D) q and k, (B, Hk, D, keys) vt");
+  for (const at::Tensor* t : {&q, &k, &vt})
+    TORCH_CHECK(t->scalar_type() == at::kFloat8_e4m3fn && t->device() == q.device(),
+                "forward_fp8: q, k, vt in float8_e4m3fn on one device");
+  TORCH_CHECK(q.size(-1) == 128 && k.size(-1) == 128 && vt.size(2) == 128, "forward_fp8: head dim 128");
+  TORCH_CHECK(vt.size(0) == q.size(0) && vt.size(1) == k.size(2) && vt.size(3) % 128 == 0 && vt.size(3) >= k.size(1),
+              "forward_fp8: vt (B, Hk, 128, keys padded to whole tiles of 128)");
+  const int64_t q_blocks = (q.size(1) + 127) / 128, k_blocks = (k.size(1) + 127) / 128;
+  for (const auto& [t, blocks, heads] : {std::tuple{&q_scale, q_blocks, q.size(2)}, {&k_scale, k_blocks, k.size(2)}})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 3 && t->size(0) == q.size(0) &&
+                    t->size(1) == heads && t->size(2) == blocks,
+                "forward_fp8: contiguous float32 scales (B, heads, tiles of 128 rows)");
+  TORCH_CHECK(v_scale.scalar_type() == at::kFloat && v_scale.is_contiguous() && v_scale.dim() == 2 &&
+                  v_scale.size(0) == q.size(0) && v_scale.size(1) == k.size(2),
+              "forward_fp8: contiguous float32 v_scale (B, Hk)");
   TORCH_CHECK(mask.size() == 7 && mask[3] == 0 && mask[4] == 1, "forward_fp8: no global tokens or dilation");
   const Context context(q.device());
   Problem pb = problem(q, k, k, lse, std::nullopt, std::nullopt, q.size(1), k.size(1), counts, indices, std::nullopt,

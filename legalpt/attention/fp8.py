@@ -37,6 +37,9 @@ E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # e4m3's largest finite value
 BLOCK_ROWS = 128  # rows of Q or K per scale: the kernels' query and key tiles
 P_SHIFT = 8  # P is stored as exp2(logit - max + P_SHIFT): values in (0, 2^8] instead of (0, 1]
+# The smallest scale: a (query tile, key tile) pair's logit scale, softmax scale x two scales, stays a normal float32
+# > 0 even for inputs of magnitude ~1e-10 (a scale of 0 would make the masked scores' -inf x 0 NaN)
+MIN_SCALE = 2.0**-40
 SCALINGS = ("block", "tensor")
 BACKENDS = ("auto", "fa3", "reference")
 KERNEL_HEAD_DIM = 128  # the FP8 kernel's: a row of Q or K is one 128-byte line of shared memory
@@ -72,6 +75,19 @@ def quantize(
     q: Tensor, k: Tensor, v: Tensor, scaling: str = "block", incoherent: bool = True, seed: int = 0
 ) -> Fp8Inputs:
     """Q, K, V (B, S, H, D) in float32/bf16/fp16 -> e4m3 with scales (module docstring). `seed` picks M's signs."""
+    _check_inputs(q, k, v, scaling, incoherent, seed)
+    q, k, v = q.float(), k.float(), v.float()
+    if incoherent:  # raises for a head dim that is not a power of two
+        m = incoherence_matrix(q.shape[-1], seed, q.device)
+        q, k = q @ m, k @ m
+    block = scaling == "block"
+    q8, q_scale = _quantize_rows(q, BLOCK_ROWS if block else None)
+    k8, k_scale = _quantize_rows(k, BLOCK_ROWS if block else None)
+    v8, v_scale = _quantize_rows(v, max(v.shape[1], 1) if block else None)
+    return Fp8Inputs(q8, k8, v8, q_scale, k_scale, v_scale[..., 0])
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scaling: str, incoherent: bool, seed: int) -> None:
     _check_rank(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
     _check_qkv(q, k, v)
     if k.shape[0] != q.shape[0]:
@@ -80,15 +96,8 @@ def quantize(
         raise ValueError(f"scaling: expected one of {SCALINGS}, got {scaling!r}")
     if not isinstance(incoherent, bool):
         raise TypeError(f"incoherent: expected a bool, got {type(incoherent).__name__}")
-    q, k, v = q.float(), k.float(), v.float()
-    if incoherent:
-        m = incoherence_matrix(q.shape[-1], seed, q.device)
-        q, k = q @ m, k @ m
-    block = scaling == "block"
-    q8, q_scale = _quantize_rows(q, BLOCK_ROWS if block else None)
-    k8, k_scale = _quantize_rows(k, BLOCK_ROWS if block else None)
-    v8, v_scale = _quantize_rows(v, v.shape[1] if block else None)
-    return Fp8Inputs(q8, k8, v8, q_scale, k_scale, v_scale[..., 0])
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed: expected an int >= 0, got {seed!r}")
 
 
 def _quantize_rows(x: Tensor, rows: int | None) -> tuple[Tensor, Tensor]:
@@ -101,7 +110,7 @@ def _quantize_rows(x: Tensor, rows: int | None) -> tuple[Tensor, Tensor]:
     amax = padded.abs().reshape(b, blocks, rows_per, h, d).amax(dim=(2, 4)).transpose(1, 2)  # (B, H, blocks)
     if rows is None:
         amax = amax.amax().expand(b, h, blocks)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))  # an all-zero block: any scale works
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).clamp(min=MIN_SCALE)  # all-zero: any
     per_row = scale.transpose(1, 2).repeat_interleave(rows_per, dim=1)[:, :s, :, None]  # (B, S, H, 1)
     return (x / per_row).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale.contiguous()
 
@@ -109,40 +118,57 @@ def _quantize_rows(x: Tensor, rows: int | None) -> tuple[Tensor, Tensor]:
 def reference_forward(
     inputs: Fp8Inputs, softmax_scale: float, causal: bool = False, window_size: tuple[int, int] = (-1, -1)
 ) -> tuple[Tensor, Tensor]:
-    """FP8 attention as the kernels compute it, in float32: out (B, Sq, H, D), logsumexp (B, H, Sq) (natural log;
-    -inf and out 0 on rows that see no key). Masks as flash_attn_func's (causal bottom-right aligned)."""
+    """FP8 attention as the kernel computes it, in float32: out (B, Sq, H, D), logsumexp (B, H, Sq) (natural log;
+    -inf and out 0 on rows that see no key). Masks as flash_attn_func's (causal bottom-right aligned).
+
+    Each query tile of BLOCK_ROWS rows visits its key tiles in the kernel's order (the block schedule's: partial
+    tiles first), since P's rounding to e4m3 depends on the running max met so far; the logits' scale is the
+    kernel's float32 product, and P's exponent one rounding of score x scale - max, as its FFMA."""
     q8, k8, v8 = inputs.q, inputs.k, inputs.v
-    _, sq, heads, _ = q8.shape
-    sk, group = k8.shape[1], heads // k8.shape[2]
-    q = q8.float().transpose(1, 2)  # (B, H, Sq, D)
-    k = k8.float().transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, Sk, D)
-    v = v8.float().transpose(1, 2).repeat_interleave(group, dim=1)
-    k_scale = inputs.k_scale.repeat_interleave(group, dim=1)  # (B, H, key tiles)
-    v_scale = inputs.v_scale.repeat_interleave(group, dim=1)[..., None, None]  # (B, H, 1, 1)
-    row_scale = inputs.q_scale.repeat_interleave(BLOCK_ROWS, dim=2)[..., :sq, None] * softmax_scale * math.log2(math.e)
+    batch, sq, heads, d = q8.shape
+    sk, group, device = k8.shape[1], heads // k8.shape[2], q8.device
     spec = MaskSpec(causal=causal, window=tuple(window_size))
-    rows = torch.arange(sq, device=q.device)[:, None]
-    m = torch.full((*q.shape[:-1], 1), -math.inf, device=q.device)  # running max, log2 domain (B, H, Sq, 1)
+    tile = (BLOCK_ROWS, BLOCK_ROWS)
+    schedule = schedule_for(spec, None, None, sq, sk, tile, transposed=False, device=device)
+    counts, order = schedule.counts[0, 0, :, 0].long(), schedule.indices[0, 0].long()  # (nq,), (nq, cols)
+    nq, nk = counts.shape[0], -(-sk // BLOCK_ROWS)
+    q = _tiles(q8.float(), nq)  # (B, H, nq, BLOCK_ROWS, D)
+    k = _tiles(k8.float(), nk).repeat_interleave(group, dim=1)  # (B, H, nk, BLOCK_ROWS, D)
+    v = _tiles(v8.float(), nk).repeat_interleave(group, dim=1)
+    k_scale = inputs.k_scale.repeat_interleave(group, dim=1)  # (B, H, nk)
+    row_scale = torch.tensor(softmax_scale * math.log2(math.e), dtype=torch.float32) * inputs.q_scale  # (B, H, nq)
+    rows = (torch.arange(nq, device=device)[:, None] * BLOCK_ROWS + torch.arange(BLOCK_ROWS, device=device))[..., None]
+    m = torch.full((batch, heads, nq, BLOCK_ROWS, 1), -math.inf, device=device)  # running max, log2 domain
     total = torch.zeros_like(m)  # running sum of P before rounding
     acc = torch.zeros_like(q)  # sum of P8 V8
-    for t, j0 in enumerate(range(0, sk, BLOCK_ROWS)):
-        j1 = min(j0 + BLOCK_ROWS, sk)
-        logits = (q @ k[:, :, j0:j1].transpose(-1, -2)) * (row_scale * k_scale[..., t, None, None])
-        cols = torch.arange(j0, j1, device=q.device)[None, :]
-        logits = logits.masked_fill(~element_mask(spec, rows, cols, sk - sq), -math.inf)
-        m_new = torch.maximum(m, logits.amax(-1, keepdim=True))
+    for t in range(int(counts.max()) if nq else 0):
+        kt = order[:, t].clamp(min=0)  # (nq,): each query tile's t-th key tile
+        scale = (row_scale * k_scale[..., kt])[..., None, None]  # (B, H, nq, 1, 1)
+        scores = q @ k[:, :, kt].transpose(-1, -2)  # (B, H, nq, BLOCK_ROWS, BLOCK_ROWS)
+        cols = (kt[:, None] * BLOCK_ROWS + torch.arange(BLOCK_ROWS, device=device))[:, None, :]  # (nq, 1, keys)
+        seen = element_mask(spec, rows, cols, sk - sq) & (cols < sk) & (rows < sq) & (t < counts)[:, None, None]
+        scores = scores.masked_fill(~seen, -math.inf)
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True) * scale)
         base = torch.where(m_new == -math.inf, 0.0, m_new)  # rows without keys so far: P = 0, never NaN
         alpha = torch.exp2(m - base)
-        p = torch.exp2(logits - base + P_SHIFT)
+        exponent = (scores.double() * scale.double() - (base - P_SHIFT).double()).float()  # one rounding, as FFMA
+        p = torch.exp2(exponent)
         total = total * alpha + p.sum(-1, keepdim=True)
-        p8 = p.clamp(max=E4M3_MAX).to(E4M3).float()
-        acc = acc * alpha + p8 @ v[:, :, j0:j1]
+        acc = acc * alpha + p.clamp(max=E4M3_MAX).to(E4M3).float() @ v[:, :, kt]
         m = m_new
     seen = total > 0
     total = torch.where(seen, total, 1.0)
+    v_scale = inputs.v_scale.repeat_interleave(group, dim=1)[..., None, None, None]  # (B, H, 1, 1, 1)
     out = torch.where(seen, acc * v_scale / total, 0.0)
     lse = torch.where(seen, (m - P_SHIFT) * math.log(2) + torch.log(total), -math.inf)
-    return out.transpose(1, 2), lse[..., 0]
+    out = out.permute(0, 2, 3, 1, 4).reshape(batch, nq * BLOCK_ROWS, heads, d)[:, :sq]
+    return out, lse.reshape(batch, heads, nq * BLOCK_ROWS)[..., :sq]
+
+
+def _tiles(x: Tensor, n: int) -> Tensor:
+    """x (B, S, H, D) zero-padded to n tiles of BLOCK_ROWS rows, as (B, H, n, BLOCK_ROWS, D)."""
+    padded = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, n * BLOCK_ROWS - x.shape[1]))
+    return padded.reshape(x.shape[0], n, BLOCK_ROWS, *x.shape[2:]).permute(0, 3, 1, 2, 4)
 
 
 def flash_attn_fp8_func(
@@ -165,9 +191,10 @@ def flash_attn_fp8_func(
     q's dtype, and with return_attn_probs=True (out, softmax_lse (B, H, Sq) float32, None) like flash_attn_func.
     window_size=(left, right), -1 = unbounded; causal is bottom-right aligned when Sq != Sk. scaling: "block" (Q, K
     per 128 rows, V per head) or "tensor"; incoherent: the random Hadamard rotation of Q and K (power-of-two head
-    dims), `seed` its signs. backend: "fa3" (the Hopper kernel, head dim 128), "reference" (PyTorch in float32, any
-    device), or "auto": fa3 where it can run, else the reference.
+    dims), `seed` its signs. backend: "fa3" (the Hopper kernel, head dim 128; it writes float32 inputs' output in
+    bf16), "reference" (PyTorch in float32, any device), or "auto": fa3 where it can run, else the reference.
     """
+    _check_inputs(q, k, v, scaling, incoherent, seed)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     elif not _is_number(softmax_scale) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
@@ -179,8 +206,13 @@ def flash_attn_fp8_func(
         raise ValueError(f"window_size: expected (left, right) ints >= -1 (-1 = unbounded), got {window_size!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS} for FP8 attention, got {backend!r}")
+    chosen = _resolve(backend, q)
+    if 0 in (q.shape[0], q.shape[1], k.shape[1]):  # nothing to attend: out 0, logsumexp -inf (flash_attn_func's)
+        out = q.new_zeros(q.shape)
+        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf, device=q.device)
+        return (out, lse, None) if return_attn_probs else out
     inputs = quantize(q, k, v, scaling, incoherent, seed)
-    if _resolve(backend, q) == "fa3":
+    if chosen == "fa3":
         out_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         out, lse = _fa3_forward(inputs, float(softmax_scale), causal, tuple(window_size), out_dtype)
     else:

@@ -215,4 +215,4 @@ def assert_fp8_kernel_computes_reference(
     rows = seen.transpose(1, 2)  # (B, Sq, H)
     assert torch.equal(out[~rows].float(), torch.zeros_like(out[~rows].float()))
     difference = (out.float() - ref.float())[rows]
-    assert difference.abs().max() < 0.05 and difference.abs().mean() < 2e-3
+    assert difference.abs().max() < 1e-2 and difference.abs().mean() < 1e-4

@@ -15,7 +15,9 @@ shared memory their descriptors address (FA3_CASES and the fa3 variants below).
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -96,6 +98,24 @@ FA3_CASES = {
         128, torch.float16, (330, 200), (2, 2), {"causal": True, "window_size": (80, 0)},
     ),
 }  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compiled_side_by_side(request):
+    """Compiles the emulation of each head dim the selected tests use at once, a compiler per core: one after
+    another, the builds took about half of this module's time on CI's two cores."""
+    dims = sorted({_head_dim(item) for item in request.session.items if item.module is request.module})
+    with ThreadPoolExecutor(max_workers=min(len(dims), os.cpu_count() or 1) or 1) as pool:
+        list(pool.map(kernels.emulated, dims))
+
+
+def _head_dim(item: pytest.Item) -> int:
+    """The head dim a test of this module runs at: its parameter, its case's, else 64 (what the rest use)."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    case = CASES.get(params.get("case")) or FA3_CASES.get(params.get("case"))
+    if params.get("case") in FP8_CASES:
+        return fp8.KERNEL_HEAD_DIM
+    return params.get("head_dim") or (case[0] if case else 64)
 
 
 @pytest.fixture(autouse=True)

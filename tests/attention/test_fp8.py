@@ -137,6 +137,7 @@ def test_accuracy_script_shows_incoherent_processing_helps(load_script, tmp_path
         ({"window_size": (-2, 0)}, "window_size: expected"),
         ({"causal": 1}, "causal: expected a bool"),
         ({"incoherent": "yes"}, "incoherent: expected a bool"),
+        ({"seed": 1.5}, "seed: expected an int >= 0"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
@@ -157,6 +158,23 @@ def test_fa3_backend_says_why_it_cannot_run():
     torch.testing.assert_close(flash_attn_fp8_func(q, q, q), flash_attn_fp8_func(q, q, q, backend="reference"))
 
 
+@pytest.mark.parametrize("lengths", [(0, 5), (5, 0), (0, 0)])
+def test_empty_rows_give_zero_and_minus_infinity(lengths):
+    q, k = torch.randn(2, lengths[0], 2, 32), torch.randn(2, lengths[1], 2, 32)
+    out, lse, _ = flash_attn_fp8_func(q, k, k.clone(), return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (2, 2, lengths[0])
+    assert torch.equal(out, torch.zeros_like(out)) and (lse == -math.inf).all()
+
+
+def test_tiny_inputs_keep_normal_scales():
+    """Inputs of magnitude 1e-20 would give a logit scale that underflows to 0; the scales stop at MIN_SCALE."""
+    q = torch.randn(1, 40, 2, 32) * 1e-20
+    inputs = quantize(q, q, q)
+    assert (inputs.q_scale >= fp8.MIN_SCALE).all() and (inputs.k_scale * inputs.q_scale * 0.125 > 0).all()
+    out = flash_attn_fp8_func(q, q, q, causal=True)
+    assert torch.isfinite(out).all()
+
+
 def test_bad_tensors_are_named():
     q = torch.randn(1, 8, 2, 32)
     with pytest.raises(ValueError, match="head_dim: incoherent processing needs a power of two"):
@@ -167,6 +185,8 @@ def test_bad_tensors_are_named():
         flash_attn_fp8_func(q[0], q[0], q[0])
     with pytest.raises(ValueError, match="q: expected dtype"):
         flash_attn_fp8_func(q.int(), q.int(), q.int())
+    with pytest.raises(TypeError, match=r"q: expected a torch\.Tensor"):
+        flash_attn_fp8_func(q.tolist(), q, q)
 
 
 FP8_KERNEL_CASES = [  # dtype, (Sq, Sk), (heads, kv heads), mask keyword arguments
