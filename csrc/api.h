@@ -248,7 +248,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
 
 #if defined(LEGALPT_HDIM_128) && defined(LEGALPT_SM90)
 // The FP8 forward (csrc/sm90/fwd.cuh with e4m3 inputs; legalpt/attention/fp8.py lays its inputs out): q (B, Sq, H,
-// 128) and k (B, Sk, Hk, 128) in e4m3, vt (B, Hk, 128, keys) V^T in e4m3 with its keys permuted within each 16 and
+// 128) and k (B, Sk, Hk, 128) in e4m3, vt (B, 128, Hk, keys) V^T in e4m3 with its keys permuted within each 16 and
 // padded to whole tiles, their float32 scales (q_scale (B, H, q blocks), k_scale (B, Hk, k blocks), v_scale (B,
 // Hk)); writes out (bf16 or fp16, like q) and lse. Plain masks only (no softcap, dilation or layout).
 template <typename Context>
@@ -256,13 +256,13 @@ void forward_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& vt,
                  const at::Tensor& q_scale, const at::Tensor& k_scale, const at::Tensor& v_scale,
                  const at::Tensor& counts, const at::Tensor& indices, const std::vector<int64_t>& mask,
                  double scale) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && vt.dim() == 4, "forward_fp8: (B, S, H, D) q and k, (B, Hk, D, keys) vt");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && vt.dim() == 4, "forward_fp8: (B, S, H, D) q and k, (B, D, Hk, keys) vt");
   for (const at::Tensor* t : {&q, &k, &vt})
     TORCH_CHECK(t->scalar_type() == at::kFloat8_e4m3fn && t->device() == q.device(),
                 "forward_fp8: q, k, vt in float8_e4m3fn on one device");
-  TORCH_CHECK(q.size(-1) == 128 && k.size(-1) == 128 && vt.size(2) == 128, "forward_fp8: head dim 128");
-  TORCH_CHECK(vt.size(0) == q.size(0) && vt.size(1) == k.size(2) && vt.size(3) % 128 == 0 && vt.size(3) >= k.size(1),
-              "forward_fp8: vt (B, Hk, 128, keys padded to whole tiles of 128)");
+  TORCH_CHECK(q.size(-1) == 128 && k.size(-1) == 128 && vt.size(1) == 128, "forward_fp8: head dim 128");
+  TORCH_CHECK(vt.size(0) == q.size(0) && vt.size(2) == k.size(2) && vt.size(3) % 128 == 0 && vt.size(3) >= k.size(1),
+              "forward_fp8: vt (B, 128, Hk, keys padded to whole tiles of 128)");
   const int64_t q_blocks = (q.size(1) + 127) / 128, k_blocks = (k.size(1) + 127) / 128;
   for (const auto& [t, blocks, heads] : {std::tuple{&q_scale, q_blocks, q.size(2)}, {&k_scale, k_blocks, k.size(2)}})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 3 && t->size(0) == q.size(0) &&
@@ -275,7 +275,7 @@ void forward_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& vt,
   const Context context(q.device());
   Problem pb = problem(q, k, k, lse, std::nullopt, std::nullopt, q.size(1), k.size(1), counts, indices, std::nullopt,
                        mask, scale, 0.0);
-  pb.v = describe(vt.permute({0, 2, 1, 3}));  // heads Hk, rows D, the keys along the lines
+  pb.v = describe(vt);  // as (B, S, H, D): rows D, heads Hk, the keys along the lines
   pb.p.o = view(out);
   pb.o = describe(out);
   const fa3::Fp8Scales scales{q_scale.data_ptr<float>(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),

@@ -53,7 +53,7 @@ void run_fwd(const Problem& pb, const Launch& launch) {
 }
 
 // The FP8 forward (fwd_kernel with e4m3 inputs, plain masks, equal-length rows): pb's q and k in e4m3, its v V^T
-// ((B, Hk, D, keys) described as heads Hk, rows D and keys along the lines), o in TO.
+// ((B, D, Hk, keys): rows D, heads Hk, the keys along the lines, its strides increasing as TMA maps' do), o in TO.
 template <typename TO, int D, typename Launch>
 void run_fwd_fp8(const Problem& pb, const Fp8Scales& scales, const Launch& launch) {
   using Tr = FwdTraits<e4m3, D, TO>;

@@ -261,11 +261,11 @@ def _fa3_forward(
 
 
 def _v_for_kernel(v: Tensor) -> Tensor:
-    """V (B, Sk, Hk, D) e4m3 as the kernel reads it: V^T (B, Hk, D, keys), the keys padded with zeros to whole
+    """V (B, Sk, Hk, D) e4m3 as the kernel reads it: V^T (B, D, Hk, keys), the keys padded with zeros to whole
     tiles of BLOCK_ROWS and permuted within each 16 to P's fragments (_KEY_ORDER)."""
     keys = -(-v.shape[1] // BLOCK_ROWS) * BLOCK_ROWS
     padded = torch.zeros((v.shape[0], keys, *v.shape[2:]), dtype=v.dtype, device=v.device)
     padded[:, : v.shape[1]] = v
     order = torch.tensor(_KEY_ORDER, device=v.device)
     index = (torch.arange(keys, device=v.device) // 16 * 16).view(-1, 16) + order
-    return padded[:, index.flatten()].permute(0, 2, 3, 1).contiguous()
+    return padded[:, index.flatten()].permute(0, 3, 2, 1).contiguous()
