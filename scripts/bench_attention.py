@@ -168,7 +168,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run on tiny shapes")
     parser.add_argument("--quick", action="store_true", help="head dim 128 dense and causal at 4k, window 1024 at 16k")
     parser.add_argument(
-        "--impls", nargs="+", help="default: fa2 sdpa-flash sdpa-cudnn flex fa3 fa3-fp8 (cpu: reference flex)"
+        "--impls",
+        nargs="+",
+        help="default: fa2 sdpa-flash sdpa-cudnn flex fa3 fa3-fp8 fa3-fp8-kernel (cpu: reference flex)",
     )
     parser.add_argument("--modes", nargs="+", choices=MODES, help="default: all three (--quick: fwd fwd+bwd)")
     parser.add_argument("--masks", nargs="+", help="only shapes with these masks, e.g. causal window-1024")
@@ -198,7 +200,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     cpu = args.device == "cpu"
     args.impls = args.impls or (
-        ["reference", "flex"] if cpu else ["fa2", "sdpa-flash", "sdpa-cudnn", "flex", "fa3", "fa3-fp8"]
+        ["reference", "flex"]
+        if cpu
+        else ["fa2", "sdpa-flash", "sdpa-cudnn", "flex", "fa3", "fa3-fp8", "fa3-fp8-kernel"]
     )
     if unknown := [i for i in args.impls if i not in IMPLS]:
         parser.error(f"--impls: unknown {unknown}; expected some of {', '.join(IMPLS)}")

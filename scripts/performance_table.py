@@ -337,22 +337,38 @@ def against_flex(table: list[dict], tflops: dict) -> list[str]:
 
 
 def fp8_forward(rows: list[dict]) -> list[str]:
-    """The FP8 forward (fa3-fp8, its quantization included) against our bf16/fp16 forward (fa3) per shape."""
-    ours = {_key(r): r for r in rows if r["impl"] == "fa3" and r["ms"]}
-    pairs = [(r, ours[_key(r)]) for r in rows if r["impl"] == "fa3-fp8" and r["ms"] and _key(r) in ours]
-    if not pairs:
+    """The FP8 forward against our bf16/fp16 forward (fa3) per shape: the kernel alone (fa3-fp8-kernel) and with its
+    quantization (fa3-fp8, `flash_attn_fp8_func`)."""
+    by_impl = {
+        impl: {_key(r): r for r in rows if r["impl"] == impl and r["ms"]}
+        for impl in ("fa3", "fa3-fp8", "fa3-fp8-kernel")
+    }
+    ours = by_impl["fa3"]
+    keys = [key for key in {**by_impl["fa3-fp8"], **by_impl["fa3-fp8-kernel"]} if key in ours]
+    if not keys:
         return []
     lines = [
-        "FP8 forward (`flash_attn_fp8_func`, quantization included) against our forward in the record's dtype:",
+        "FP8 forward against ours in the record's dtype (kernel: inputs quantized beforehand; with quantization: "
+        "`flash_attn_fp8_func`):",
         "",
-        "| mask | head dim | seqlen | batch × heads | FP8 ms | FP8 TFLOP/s | ours ms | FP8 speedup |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mask | head dim | seqlen | batch × heads | ours ms | FP8 kernel ms | TFLOP/s | speedup "
+        "| with quantization ms | speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for fp8, base in pairs:
-        lines.append(
-            f"| {fp8['mask']} | {fp8['head_dim']} | {fp8['seqlen_q']:,} | {fp8['batch']} × {_heads(fp8)} | "
-            f"{fp8['ms']:.3f} | {fp8['tflops']:.0f} | {base['ms']:.3f} | {base['ms'] / fp8['ms']:.2f}× |"
-        )
+    for key in keys:
+        base, kernel, whole = ours[key], by_impl["fa3-fp8-kernel"].get(key), by_impl["fa3-fp8"].get(key)
+        cells = [f"{base['mask']} | {base['head_dim']} | {base['seqlen_q']:,} | {base['batch']} × {_heads(base)}",
+                 f"{base['ms']:.3f}"]  # fmt: skip
+        for row, with_rate in ((kernel, True), (whole, False)):
+            if row is None:
+                cells += ["–", "–", "–"] if with_rate else ["–", "–"]
+                continue
+            cells += [
+                f"{row['ms']:.3f}",
+                *([f"{row['tflops']:.0f}"] if with_rate else []),
+                f"{base['ms'] / row['ms']:.2f}×",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 

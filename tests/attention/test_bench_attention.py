@@ -152,17 +152,19 @@ def test_layers_stack_calls_and_say_what_the_kernels_fill(bench, tmp_path):
 
 
 def test_fp8_rows_render_against_our_forward(load_script):
-    """performance.md's FP8 table pairs each fa3-fp8 forward with fa3's on the same shape, and skips unpaired rows."""
+    """performance.md's FP8 table pairs each FP8 forward (kernel alone, and with quantization) with fa3's on the same
+    shape, and skips FP8 rows that have no fa3 row."""
     table = load_script("performance_table")
     shape = {"group": "dense", "mask": "causal", "head_dim": 128, "seqlen_q": 16384, "batch": 1, "heads": 16}
     rows = [
         {**shape, "impl": "fa3", "mode": "fwd", "ms": 3.0, "tflops": 400.0},
+        {**shape, "impl": "fa3-fp8-kernel", "mode": "fwd", "ms": 1.5, "tflops": 800.0},
         {**shape, "impl": "fa3-fp8", "mode": "fwd", "ms": 2.0, "tflops": 600.0},
         {**shape, "impl": "fa3-fp8", "mode": "fwd", "seqlen_q": 4096, "ms": 1.0, "tflops": 300.0},
     ]
     lines = table.fp8_forward(rows)
     assert [line for line in lines if line.startswith("| causal")] == [
-        "| causal | 128 | 16,384 | 1 × 16 | 2.000 | 600 | 3.000 | 1.50× |"
+        "| causal | 128 | 16,384 | 1 × 16 | 3.000 | 1.500 | 800 | 2.00× | 2.000 | 1.50× |"
     ]
     assert table.fp8_forward(rows[:1]) == []
 

@@ -2,8 +2,8 @@
 of each mode runs, and the check that the implementations' outputs agree.
 
 Ours (fa2, fa3, reference) run through the public API, `flash_attn_func` / `flash_attn_varlen_func` with `backend=`;
-fa3-fp8 is `flash_attn_fp8_func` on the Hopper kernel, forward only, its quantization included (the profile's kernel
-times give the attention kernel alone).
+fa3-fp8 is `flash_attn_fp8_func` on the Hopper kernel, forward only, its quantization included; fa3-fp8-kernel the
+kernel alone on inputs quantized beforehand, as a model that fuses the quantization into the op before would run it.
 torch's SDPA runs with its flash or cuDNN backend forced, dense and causal only (other masks would need a dense
 O(N^2) mask tensor). FlexAttention runs through legalpt's flex backend, called directly: see `_flex`.
 """
@@ -25,8 +25,8 @@ from legalpt.attention import BACKENDS, flash_attn_func, flash_attn_varlen_func
 from .shapes import Shape
 
 MODES = ("fwd", "bwd", "fwd+bwd")
-IMPLS = ("fa2", "fa3", "sdpa-flash", "sdpa-cudnn", "flex", "reference", "fa3-fp8")
-CUDA_IMPLS = {"fa2", "fa3", "sdpa-flash", "sdpa-cudnn", "fa3-fp8"}
+IMPLS = ("fa2", "fa3", "sdpa-flash", "sdpa-cudnn", "flex", "reference", "fa3-fp8", "fa3-fp8-kernel")
+CUDA_IMPLS = {"fa2", "fa3", "sdpa-flash", "sdpa-cudnn", "fa3-fp8", "fa3-fp8-kernel"}
 DIFF_BASELINES = ("sdpa-flash", "flex", "sdpa-cudnn", "reference", "fa2", "fa3")  # whose output a check compares with
 
 Runner = Callable[[], Tensor]  # one forward, output in the layout of q
@@ -66,8 +66,8 @@ def impl_runner(impl: str, x: Inputs) -> Runner | str:
         return _sdpa(x, backend)
     if impl == "flex":
         return _flex(x)
-    if impl == "fa3-fp8":
-        return _fp8(x)
+    if impl.startswith("fa3-fp8"):
+        return _fp8(x, kernel_only=impl == "fa3-fp8-kernel")
     if impl not in BACKENDS:
         return f"backend {impl!r} is not registered in legalpt.attention (have {', '.join(BACKENDS)})"
     kw = {"causal": shape.causal, "window_size": shape.window, "global_tokens": shape.global_tokens, "backend": impl}
@@ -89,18 +89,23 @@ def _sdpa(x: Inputs, backend: SDPBackend) -> Runner:
     return run
 
 
-def _fp8(x: Inputs) -> Runner | str:
-    """FP8 attention (per-block scales, incoherent processing) on the fa3 kernel, where it runs this shape. Imported
-    only here: a tree from before FP8 (an A/B's older commit) has no legalpt.attention.fp8."""
+def _fp8(x: Inputs, kernel_only: bool) -> Runner | str:
+    """FP8 attention (per-block scales, incoherent processing) on the fa3 kernel, where it runs this shape; with
+    kernel_only, the kernel on inputs quantized here, once. Imported only here: a tree from before FP8 (an A/B's
+    older commit) has no legalpt.attention.fp8."""
     shape = x.shape
     if shape.doc_lens or shape.global_tokens or shape.head_dim != 128:
         return "the FP8 kernel runs head dim 128 on equal-length rows, causal or windowed"
     try:
-        from legalpt.attention.fp8 import flash_attn_fp8_func
+        from legalpt.attention import fp8
     except ImportError:
         return "this legalpt has no FP8 attention"
     q, k, v = x.q.detach(), x.k.detach(), x.v.detach()
-    return lambda: flash_attn_fp8_func(q, k, v, causal=shape.causal, window_size=shape.window, backend="fa3")
+    if not kernel_only:
+        return lambda: fp8.flash_attn_fp8_func(q, k, v, causal=shape.causal, window_size=shape.window, backend="fa3")
+    inputs = fp8.quantize(q, k, v)
+    v_kernel, scale = fp8.kernel_v(inputs.v), shape.head_dim**-0.5
+    return lambda: fp8.kernel_forward(inputs, scale, shape.causal, shape.window, q.dtype, v_kernel)[0]
 
 
 def _flex(x: Inputs) -> Runner:
@@ -139,7 +144,7 @@ def step_skip(impl: str, run: Runner | str, mode: str, device: torch.device) -> 
         return run
     if impl == "flex" and mode != "fwd" and device.type != "cuda":
         return "FlexAttention has no backward on the CPU"
-    if impl == "fa3-fp8" and mode != "fwd":
+    if impl.startswith("fa3-fp8") and mode != "fwd":
         return "FP8 attention is forward only"
     return None
 
