@@ -1,6 +1,6 @@
 """FP8 (e4m3) attention forward: the quantization (per-block scales, incoherent processing) and its numerics.
 
-FlashAttention-3's FP8 recipe (Shah et al., 2024), in the form our kernels compute it:
+FlashAttention-3's FP8 recipe (Shah et al., 2024), in the form a Hopper kernel computes it:
 
 - **Block scaling.** Q and K get one scale per (batch, head, block of 128 rows), the kernels' tile, so that a block's
   values use e4m3's whole range; the scores of a (query tile, key tile) pair are descaled by the product of two
@@ -9,13 +9,14 @@ FlashAttention-3's FP8 recipe (Shah et al., 2024), in the form our kernels compu
   is the plain baseline: one scale per tensor.
 - **Incoherent processing.** With `incoherent=True`, Q and K are multiplied by one random orthogonal matrix M (a
   Hadamard matrix times random signs, scaled by 1/sqrt(D)) before quantization. (Q M)(K M)^T = Q K^T, while an
-  outlier feature's magnitude is spread over all D features, so a block's scale no longer crushes its other values.
+  outlier feature's magnitude is spread over all D features: e4m3's rounding error is relative to each value, so a
+  score's error follows its largest products, and the product of an outlier in Q with one in K no longer is one.
 - **P in FP8.** O += P V runs on FP8 too: P = exp2(logit - running max + 8) lies in (0, 256] instead of (0, 1] (the
-  shift costs nothing inside the exp2), which keeps P's small values above e4m3's subnormals; the row sums use P
-  before rounding, and the factor 2^8 cancels in the normalization.
+  shift costs nothing inside the exp2), which keeps P above e4m3's subnormals for logits down to 14 below the max;
+  the row sums use P before rounding, and the factor 2^8 cancels in the normalization.
 
-`reference_forward` computes exactly these steps in float32 on any device, key tile by key tile with the online
-softmax, as the kernel's numerics reference and for `scripts/fp8_accuracy.py`; the `fa3` backend runs them on the
+`reference_forward` computes exactly these steps in float32 on the CPU or a GPU, key tile by key tile with the online
+softmax: the numerics the kernel must reproduce, and `scripts/fp8_accuracy.py`'s. The `fa3` backend runs them on the
 Hopper kernel (csrc/sm90/fwd.cuh with e4m3 inputs) at head dim 128, which reads V transposed, its keys permuted
 within each 16 to match P's register fragments (`kernel_v`).
 """
@@ -96,8 +97,10 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scaling: str, incoherent: boo
         raise ValueError(f"scaling: expected one of {SCALINGS}, got {scaling!r}")
     if not isinstance(incoherent, bool):
         raise TypeError(f"incoherent: expected a bool, got {type(incoherent).__name__}")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed: expected an int >= 0, got {seed!r}")
+    if q.shape[-1] == 0:
+        raise ValueError("q: expected head_dim >= 1, got 0")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed: expected an int in [0, 2^63), got {seed!r}")
 
 
 def _quantize_rows(x: Tensor, rows: int | None) -> tuple[Tensor, Tensor]:
@@ -118,8 +121,9 @@ def _quantize_rows(x: Tensor, rows: int | None) -> tuple[Tensor, Tensor]:
 def reference_forward(
     inputs: Fp8Inputs, softmax_scale: float, causal: bool = False, window_size: tuple[int, int] = (-1, -1)
 ) -> tuple[Tensor, Tensor]:
-    """FP8 attention as the kernel computes it, in float32: out (B, Sq, H, D), logsumexp (B, H, Sq) (natural log;
-    -inf and out 0 on rows that see no key). Masks as flash_attn_func's (causal bottom-right aligned).
+    """FP8 attention in float32, as a kernel computes it: out (B, Sq, H, D), logsumexp (B, H, Sq) (natural log; -inf
+    and out 0 on rows that see no key; NaN inputs give NaN). Masks as flash_attn_func's (causal bottom-right
+    aligned).
 
     Each query tile of BLOCK_ROWS rows visits its key tiles in the kernel's order (the block schedule's: partial
     tiles first), since P's rounding to e4m3 depends on the running max met so far; the logits' scale is the
@@ -156,7 +160,7 @@ def reference_forward(
         total = total * alpha + p.sum(-1, keepdim=True)
         acc = acc * alpha + p.clamp(max=E4M3_MAX).to(E4M3).float() @ v[:, :, kt]
         m = m_new
-    seen = total > 0
+    seen = total != 0  # a row that sees a key has P = 2^8 at its max; NaN stays NaN
     total = torch.where(seen, total, 1.0)
     v_scale = inputs.v_scale.repeat_interleave(group, dim=1)[..., None, None, None]  # (B, H, 1, 1, 1)
     out = torch.where(seen, acc * v_scale / total, 0.0)
@@ -192,7 +196,7 @@ def flash_attn_fp8_func(
     window_size=(left, right), -1 = unbounded; causal is bottom-right aligned when Sq != Sk. scaling: "block" (Q, K
     per 128 rows, V per head) or "tensor"; incoherent: the random Hadamard rotation of Q and K (power-of-two head
     dims), `seed` its signs. backend: "fa3" (the Hopper kernel, head dim 128; it writes float32 inputs' output in
-    bf16), "reference" (PyTorch in float32, any device), or "auto": fa3 where it can run, else the reference.
+    bf16), "reference" (PyTorch in float32, CPU or GPU), or "auto": fa3 where it can run, else the reference.
     """
     _check_inputs(q, k, v, scaling, incoherent, seed)
     if softmax_scale is None:

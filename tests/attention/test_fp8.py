@@ -3,6 +3,7 @@ scripts/fp8_accuracy.py."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -24,7 +25,7 @@ def _dequantized(inputs: fp8.Fp8Inputs) -> tuple[torch.Tensor, torch.Tensor, tor
     return rows(inputs.q, inputs.q_scale), rows(inputs.k, inputs.k_scale), v
 
 
-def test_incoherence_matrix_is_orthogonal_and_keeps_scores():
+def test_incoherence_matrix_is_orthogonal_and_keeps_scores(rng):
     m = incoherence_matrix(64, seed=3).double()
     torch.testing.assert_close(m @ m.T, torch.eye(64, dtype=torch.float64), atol=1e-6, rtol=0)
     q, k = torch.randn(5, 64, dtype=torch.float64), torch.randn(7, 64, dtype=torch.float64)
@@ -34,7 +35,7 @@ def test_incoherence_matrix_is_orthogonal_and_keeps_scores():
         incoherence_matrix(96, seed=0)
 
 
-def test_block_scales_fit_each_block_to_e4m3():
+def test_block_scales_fit_each_block_to_e4m3(rng):
     """Every block of 128 rows of a head maps its largest magnitude to 448; an all-zero block keeps scale 1."""
     q = torch.randn(2, 300, 4, 32) * torch.tensor([1.0, 10.0, 0.01, 1.0])[None, None, :, None]
     q[1, 128:256, 2] = 0  # one all-zero block
@@ -54,14 +55,14 @@ def test_block_scales_fit_each_block_to_e4m3():
     assert ((q_deq - q.double()).abs() <= q.double().abs() * 2**-4)[normal].all()
 
 
-def test_tensor_scaling_shares_one_scale():
+def test_tensor_scaling_shares_one_scale(rng):
     q, k = torch.randn(1, 200, 2, 64), torch.randn(1, 200, 2, 64)
     inputs = quantize(q, k, k * 3, scaling="tensor", incoherent=True)
     for scale in (inputs.q_scale, inputs.k_scale, inputs.v_scale):
         assert torch.equal(scale, torch.full_like(scale, scale.flatten()[0].item()))
 
 
-def test_one_key_tile_matches_the_dense_formula():
+def test_one_key_tile_matches_the_dense_formula(rng):
     """With one key tile the running max is the row max:
     out = e4m3(2^(x - max + 8)) V8 v_scale / sum(2^(x - max + 8))."""
     q, k, v = torch.randn(1, 70, 2, 64), torch.randn(1, 100, 2, 64), torch.randn(1, 100, 2, 64)
@@ -83,10 +84,11 @@ MASKS = [{}, {"causal": True}, {"window_size": (40, 7)}, {"causal": True, "windo
 
 
 @pytest.mark.parametrize("mask", MASKS)
-def test_reference_is_attention_of_the_quantized_inputs(mask):
+def test_reference_is_attention_of_the_quantized_inputs(mask, rng):
     """Over several key tiles (unequal lengths, GQA), the output differs from exact attention of the dequantized
     inputs only by P's rounding to e4m3: at most 2^-4 of max |V| (plus P's subnormals), and the logsumexp not at all."""
     q, k, v = torch.randn(2, 113, 4, 64), torch.randn(2, 300, 2, 64), torch.randn(2, 300, 2, 64)
+    v[:, :, 1] *= 8  # key heads of different scales: a query head must take its own head's
     inputs = quantize(q, k, v, incoherent=False)
     out, lse = fp8.reference_forward(inputs, softmax_scale=64**-0.5, **mask)
     q_deq, k_deq, v_deq = _dequantized(inputs)
@@ -100,7 +102,53 @@ def test_reference_is_attention_of_the_quantized_inputs(mask):
     assert torch.equal(lse[~seen], exact_lse[~seen].float())
 
 
-def test_rows_without_keys_give_zero_and_minus_infinity():
+def _tile_by_tile_causal(inputs: fp8.Fp8Inputs, scale: float, diagonal_first: bool = True) -> torch.Tensor:
+    """Causal FP8 attention for Sq == Sk, a multiple of BLOCK_ROWS (every query tile whole), one query tile and one
+    head at a time, each query tile visiting its diagonal (partial) key tile first and then the full ones in order,
+    as the kernel does (diagonal_first=False: in ascending order): (B, S, H, D)."""
+    q8, k8, v8 = (x.float() for x in (inputs.q, inputs.k, inputs.v))
+    batch, length, heads, _ = q8.shape
+    group, tiles = heads // k8.shape[2], -(-length // BLOCK_ROWS)
+    out = torch.zeros_like(q8)
+    for b, h, i in itertools.product(range(batch), range(heads), range(tiles)):
+        rows = torch.arange(i * BLOCK_ROWS, min((i + 1) * BLOCK_ROWS, length))
+        m = torch.full((len(rows), 1), -math.inf)
+        total, acc = torch.zeros(len(rows), 1), torch.zeros(len(rows), q8.shape[-1])
+        for j in [i, *range(i)] if diagonal_first else range(i + 1):
+            cols = torch.arange(j * BLOCK_ROWS, min((j + 1) * BLOCK_ROWS, length))
+            c = torch.tensor(scale * math.log2(math.e), dtype=torch.float32) * inputs.q_scale[b, h, i]
+            c = c * inputs.k_scale[b, h // group, j]
+            scores = (q8[b, rows, h] @ k8[b, cols, h // group].T).masked_fill(cols[None] > rows[:, None], -math.inf)
+            m_new = torch.maximum(m, scores.amax(-1, keepdim=True) * c)
+            p = torch.exp2((scores.double() * c.double() - (m_new - fp8.P_SHIFT).double()).float())
+            alpha = torch.exp2(m - m_new)
+            total = total * alpha + p.sum(-1, keepdim=True)
+            acc = acc * alpha + p.to(torch.float8_e4m3fn).float() @ v8[b, cols, h // group]
+            m = m_new
+        out[b, rows, h] = acc * inputs.v_scale[b, h // group] / total
+    return out
+
+
+def test_reference_visits_key_tiles_in_the_kernels_order(rng):
+    """P's rounding depends on the running max met so far: against a tile-by-tile loop in the kernel's order
+    (partial tile first) the reference agrees to float32 rounding, while ascending order differs far more."""
+    q, k, v = torch.randn(1, 384, 2, 64) * 3, torch.randn(1, 384, 1, 64) * 3, torch.randn(1, 384, 1, 64)
+    inputs = quantize(q, k, v, incoherent=False)
+    out, _ = fp8.reference_forward(inputs, 0.125, causal=True)
+    torch.testing.assert_close(out, _tile_by_tile_causal(inputs, 0.125), atol=1e-5, rtol=1e-5)
+    ascending = _tile_by_tile_causal(inputs, 0.125, diagonal_first=False)
+    assert (ascending - out).abs().max() > 1e-3  # the order shows at this tolerance
+
+
+def test_nan_inputs_give_nan(rng):
+    q, k = torch.randn(1, 50, 2, 32), torch.randn(1, 50, 2, 32)
+    q[0, 7, 1, 3] = math.nan
+    out, lse, _ = flash_attn_fp8_func(q, k, k.clone(), causal=True, incoherent=False, return_attn_probs=True)
+    assert out[0, 7, 1].isnan().all() and lse[0, 1, 7].isnan()
+    assert torch.isfinite(out[0, :7]).all() and torch.isfinite(out[0, 8:, 1]).all()
+
+
+def test_rows_without_keys_give_zero_and_minus_infinity(rng):
     q, k = torch.randn(1, 50, 2, 32), torch.randn(1, 20, 2, 32)  # causal, bottom-right: the first 30 rows see nothing
     out, lse, _ = flash_attn_fp8_func(q, k, k.clone(), causal=True, incoherent=False, return_attn_probs=True)
     assert torch.equal(out[:, :30], torch.zeros_like(out[:, :30])) and torch.isfinite(out).all()
@@ -108,7 +156,7 @@ def test_rows_without_keys_give_zero_and_minus_infinity():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_attention_error_is_fp8_sized(dtype):
+def test_fp8_attention_error_is_fp8_sized(dtype, rng):
     """Against float64 attention of the original inputs: larger than bf16's, within what e4m3 allows."""
     q, k, v = (torch.randn(1, 257, 4, 128).to(dtype) for _ in range(3))
     out = flash_attn_fp8_func(q, k, v, causal=True)
@@ -137,7 +185,8 @@ def test_accuracy_script_shows_incoherent_processing_helps(load_script, tmp_path
         ({"window_size": (-2, 0)}, "window_size: expected"),
         ({"causal": 1}, "causal: expected a bool"),
         ({"incoherent": "yes"}, "incoherent: expected a bool"),
-        ({"seed": 1.5}, "seed: expected an int >= 0"),
+        ({"seed": 1.5}, r"seed: expected an int in \[0, 2\^63\)"),
+        ({"seed": 2**64}, r"seed: expected an int in \[0, 2\^63\)"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
@@ -159,14 +208,14 @@ def test_fa3_backend_says_why_it_cannot_run():
 
 
 @pytest.mark.parametrize("lengths", [(0, 5), (5, 0), (0, 0)])
-def test_empty_rows_give_zero_and_minus_infinity(lengths):
+def test_empty_rows_give_zero_and_minus_infinity(lengths, rng):
     q, k = torch.randn(2, lengths[0], 2, 32), torch.randn(2, lengths[1], 2, 32)
     out, lse, _ = flash_attn_fp8_func(q, k, k.clone(), return_attn_probs=True)
     assert out.shape == q.shape and lse.shape == (2, 2, lengths[0])
     assert torch.equal(out, torch.zeros_like(out)) and (lse == -math.inf).all()
 
 
-def test_tiny_inputs_keep_normal_scales():
+def test_tiny_inputs_keep_normal_scales(rng):
     """Inputs of magnitude 1e-20 would give a logit scale that underflows to 0; the scales stop at MIN_SCALE."""
     q = torch.randn(1, 40, 2, 32) * 1e-20
     inputs = quantize(q, q, q)
@@ -185,6 +234,8 @@ def test_bad_tensors_are_named():
         flash_attn_fp8_func(q[0], q[0], q[0])
     with pytest.raises(ValueError, match="q: expected dtype"):
         flash_attn_fp8_func(q.int(), q.int(), q.int())
+    with pytest.raises(ValueError, match="q: expected head_dim >= 1"):
+        flash_attn_fp8_func(q[..., :0], q[..., :0], q[..., :0], incoherent=False)
     with pytest.raises(TypeError, match=r"q: expected a torch\.Tensor"):
         flash_attn_fp8_func(q.tolist(), q, q)
 
