@@ -63,13 +63,17 @@ class Fp8Inputs:
 
 def incoherence_matrix(head_dim: int, seed: int, device: torch.device | str = "cpu") -> Tensor:
     """The random orthogonal (D, D) float32 matrix H diag(signs) / sqrt(D) (H: Sylvester's Hadamard matrix)."""
-    if head_dim < 1 or head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim: incoherent processing needs a power of two (Hadamard matrix), got {head_dim}")
+    _check_hadamard(head_dim)
     h = torch.ones(1, 1)
     while h.shape[0] < head_dim:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     signs = torch.randint(0, 2, (head_dim,), generator=torch.Generator().manual_seed(seed)) * 2 - 1
     return (h * signs / math.sqrt(head_dim)).to(device)
+
+
+def _check_hadamard(head_dim: int) -> None:
+    if head_dim < 1 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim: incoherent processing needs a power of two (Hadamard matrix), got {head_dim}")
 
 
 def quantize(
@@ -106,11 +110,11 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scaling: str, incoherent: boo
 def _quantize_rows(x: Tensor, rows: int | None) -> tuple[Tensor, Tensor]:
     """x (B, S, H, D) float32 in e4m3 with one scale per (batch, head, block of `rows` rows), (B, H, blocks); rows
     None: one scale for the whole tensor, repeated over the same shape."""
-    b, s, h, d = x.shape
+    b, s, h, _ = x.shape
     rows_per = rows if rows is not None else BLOCK_ROWS
     blocks = max(1, -(-s // rows_per))
-    padded = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, blocks * rows_per - s))
-    amax = padded.abs().reshape(b, blocks, rows_per, h, d).amax(dim=(2, 4)).transpose(1, 2)  # (B, H, blocks)
+    row_amax = torch.nn.functional.pad(x.abs().amax(-1), (0, 0, 0, blocks * rows_per - s))  # (B, blocks x rows, H)
+    amax = row_amax.reshape(b, blocks, rows_per, h).amax(2).transpose(1, 2)  # (B, H, blocks)
     if rows is None:
         amax = amax.amax().expand(b, h, blocks)
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).clamp(min=MIN_SCALE)  # all-zero: any
