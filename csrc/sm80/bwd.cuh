@@ -317,8 +317,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
 
   // A 1-D grid (bwd_block_index): the split key tiles' parts (those of the global keys, which every query tile
   // visits) first, then the key tiles, each over every document and key head.
-  const int documents = gridDim.x / (key_blocks<D>(p) * (p.heads / p.kv_group));
-  const BwdBlockIndex index = bwd_block_index(p, blockIdx.x, documents);
+  const int blocks = key_blocks<D>(p), documents = gridDim.x / (blocks * (p.heads / p.kv_group));
+  const BwdBlockIndex index = bwd_block_index(p, blockIdx.x, blocks, documents);
   const int b = index.b, hk = index.hk, n_blk = index.n_blk, chunk = index.chunk;
   const bool split = index.split;
   const BwdBlock<T> blk{document(p, b), b, n_blk, sK, sV, scratch};

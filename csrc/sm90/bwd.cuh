@@ -96,7 +96,7 @@ struct BwdItem {
 template <int BN>
 __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
   const Params& p = a.p;
-  const BwdBlockIndex x = bwd_block_index(p, i, a.documents);
+  const BwdBlockIndex x = bwd_block_index(p, i, a.key_blocks, a.documents);
   BwdItem item{};
   item.n_blk = x.n_blk;
   item.chunk = x.chunk;

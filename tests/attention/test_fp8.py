@@ -263,4 +263,4 @@ def test_fa3_fp8_kernel_computes_its_reference(dtype, lengths, heads, mask, monk
     k, v = (torch.randn(2, seqlen_k, hk, 128, dtype=dtype, device="cuda") for _ in range(2))
     out, lse, _ = flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="fa3", **mask)
     ref, ref_lse, _ = flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="reference", **mask)
-    assert_fp8_kernel_computes_reference(out, lse, ref, ref_lse, dtype)
+    assert_fp8_kernel_computes_reference(out, lse, ref, ref_lse, q, k, v)
