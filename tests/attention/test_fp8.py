@@ -253,7 +253,8 @@ FP8_KERNEL_CASES = [  # dtype, (Sq, Sk), (heads, kv heads), mask keyword argumen
 @pytest.mark.cuda
 @pytest.mark.parametrize(("dtype", "lengths", "heads", "mask"), FP8_KERNEL_CASES)
 def test_fa3_fp8_kernel_computes_its_reference(dtype, lengths, heads, mask, monkeypatch):
-    """The Hopper kernel against the reference on the same quantized inputs, outputs poisoned before the run."""
+    """The Hopper kernel against the reference on the same quantized inputs, outputs poisoned before the run, and
+    both against float64 attention of those inputs."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the FP8 kernel runs on Hopper (sm90)")
     poisoned = torch.empty
@@ -263,4 +264,6 @@ def test_fa3_fp8_kernel_computes_its_reference(dtype, lengths, heads, mask, monk
     k, v = (torch.randn(2, seqlen_k, hk, 128, dtype=dtype, device="cuda") for _ in range(2))
     out, lse, _ = flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="fa3", **mask)
     ref, ref_lse, _ = flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="reference", **mask)
-    assert_fp8_kernel_computes_reference(out, lse, ref, ref_lse, q, k, v)
+    window = mask.get("window_size", (-1, -1))  # flash_attn_fp8_func's quantization, float64 attention of it:
+    truth = naive_attention(*_dequantized(quantize(q, k, v)), causal=mask.get("causal", False), window=window)
+    assert_fp8_kernel_computes_reference(out, lse, ref, ref_lse, q, k, truth)
