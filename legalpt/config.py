@@ -403,6 +403,9 @@ class TrainConfig:
     activation_checkpointing: str = "none"
     checkpoint_every: int = 2  # activation_checkpointing=selective: layers 0, k, 2k, ... are recomputed
     offload_activations: bool = False  # keep the decoder layers' saved activations in CPU memory (CUDA only)
+    # full or selective: keep each recomputed layer's attention output and logsumexp (per token and layer, 2 bytes per
+    # hidden unit and 4 per head; on the GPU, not offloaded), so that backward's recompute skips attention
+    save_attention: bool = False
     # processes: ddp (a full replica each) | fsdp2 (parameters, gradients and AdamW state sharded per decoder layer)
     distributed: str = "ddp"
     # autocast (float32 parameters, compute autocast to train.mixed_precision) | bf16-fsdp (fsdp2 only: bfloat16 copies
@@ -440,6 +443,13 @@ class TrainConfig:
         _one_of(f"{key}.loss_impl", self.loss_impl, LOSS_IMPLS)
         _at_least(1, self, key, "loss_chunk_tokens", "checkpoint_every", "context_parallel")
         _one_of(f"{key}.activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
+        if self.save_attention:
+            _expect(self.activation_checkpointing in ("full", "selective"), f"{key}.activation_checkpointing",
+                    f"full or selective with {key}.save_attention=true", self.activation_checkpointing)  # fmt: skip
+            # torch's selective checkpointing keeps what it saves out of save_on_cpu's reach: on the GPU
+            _expect(not self.offload_activations, f"{key}.offload_activations",
+                    f"false with {key}.save_attention=true (its outputs would stay on the GPU)",
+                    self.offload_activations)  # fmt: skip
         _one_of(f"{key}.distributed", self.distributed, DISTRIBUTED)
         _one_of(f"{key}.precision", self.precision, PRECISIONS)
         _one_of(f"{key}.compile_mode", self.compile_mode, COMPILE_MODES)

@@ -66,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--activation-checkpointing", nargs="+", help="train.activation_checkpointing values")
     parser.add_argument("--loss-impl", nargs="+", help="train.loss_impl values")
     parser.add_argument("--compile", nargs="+", choices=("true", "false"), help="train.compile values")
+    parser.add_argument(
+        "--save-attention", nargs="+", choices=("true", "false"), help="train.save_attention values"
+    )  # fmt: skip
     parser.add_argument("--gpus", type=int, default=1, help="processes, one GPU each (accelerate launch when > 1)")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps of a row's job")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of tokens/s and MFU")
@@ -109,10 +112,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def settings(args: argparse.Namespace) -> list[Setting]:
     """Every setting, the attentions of one configuration next to each other."""
     compiled = [value == "true" for value in args.compile] if args.compile else [None]
+    saved = [value == "true" for value in args.save_attention] if args.save_attention else [None]
     grid = itertools.product(
-        args.models, args.activation_checkpointing or [None], args.loss_impl or [None], compiled, args.attention
+        args.models, args.activation_checkpointing or [None], saved, args.loss_impl or [None], compiled, args.attention
     )
-    return [Setting(model, attention, ckpt, loss, comp, args.gpus) for model, ckpt, loss, comp, attention in grid]
+    return [
+        Setting(model, attention, ckpt, loss, comp, save_attention=save, gpus=args.gpus)
+        for model, ckpt, save, loss, comp, attention in grid
+    ]
 
 
 def planned(args: argparse.Namespace) -> list[tuple[Setting, int, int]]:

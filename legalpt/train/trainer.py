@@ -232,7 +232,9 @@ def build_train_model(cfg: Config, data: PreparedData | StreamedData, accelerato
     model = build_model(cfg.model, data.tokenizer, base_tokenizer).to(accelerator.device).train()
     log.info("model: %s, %.1fM parameters", cfg.model.pretrained or cfg.model.arch, count_parameters(model) / 1e6)
     # On the plain HF model, so that DDP's and FSDP's wrappers see the recomputing layers and the chunked loss.
-    apply_activation_checkpointing(model, tc.activation_checkpointing, tc.checkpoint_every, tc.offload_activations)
+    apply_activation_checkpointing(
+        model, tc.activation_checkpointing, tc.checkpoint_every, tc.offload_activations, tc.save_attention
+    )
     if tc.loss_impl != "plain":
         use_loss(model, tc.loss_impl, tc.loss_chunk_tokens)
     if tc.compile:  # after checkpointing, which runs inside the compiled layers; before DDP's or FSDP's wrappers

@@ -6,13 +6,14 @@ import logging
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import legalpt.train.trainer as trainer
 from legalpt.config import ConfigError, TrainConfig, compose
 from legalpt.data.pack import collate_packed
 from legalpt.data.tokenizer import train_bpe
 from legalpt.model import build_model
-from legalpt.train.activations import apply_activation_checkpointing
+from legalpt.train.activations import ATTENTION_OPS, apply_activation_checkpointing
 
 MODES = [("full", 1), ("selective", 2), ("selective", 3), ("attention", 1)]
 
@@ -89,6 +90,43 @@ def test_checkpointing_saves_less_for_backward(rng, model):
     assert saved["attention", 1] < saved["none", 1]
 
 
+class CountAttention(TorchDispatchMode):
+    """Counts the attention ops that run (an op whose output selective checkpointing saved does not run again)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func in ATTENTION_OPS
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("attn_implementation", ["legalpt", "sdpa"])
+@pytest.mark.parametrize(("mode", "every", "recomputed"), [("full", 1, 5), ("selective", 2, 3)])
+def test_saved_attention_is_not_recomputed(rng, tiny_model_config, tokenizer, attn_implementation, mode, every,
+                                           recomputed):  # fmt: skip
+    """train.save_attention: the loss and gradients of plain checkpointing, and attention run once per layer instead
+    of again in each recomputed layer."""
+    config = tiny_model_config(num_layers=5, attn_implementation=attn_implementation)
+    model = build_model(config, tokenizer).train()
+    batch = packed_batch(rng, model.config.vocab_size)
+    if attn_implementation == "sdpa":  # transformers keeps documents apart for sdpa only without a packed batch
+        batch = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+    runs, results = {}, {}
+    for save in (False, True):
+        checkpointed = copy.deepcopy(model)
+        apply_activation_checkpointing(checkpointed, mode, every, save_attention=save)
+        with CountAttention() as counter:
+            results[save] = loss_and_grads(checkpointed, batch)
+        runs[save] = counter.calls
+    assert runs == {False: 5 + recomputed, True: 5}
+    (loss, grads), (expected_loss, expected_grads) = results[True], results[False]
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=0)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=0, atol=0, msg=name)
+
+
 def test_evaluation_runs_the_layers_plainly(rng, model):
     """Without grad nothing is recomputed, and the KV cache a generation needs is kept."""
     apply_activation_checkpointing(model, "full")
@@ -144,6 +182,21 @@ def test_a_model_without_decoder_layers_is_refused():
 def test_bad_checkpointing_values_are_named(field, value):
     with pytest.raises(ConfigError, match=rf"^train\.{field}: expected"):
         TrainConfig(**{field: value}).validate()
+
+
+@pytest.mark.parametrize("mode", ["none", "attention"])
+def test_saving_attention_needs_recomputed_layers(mode, model):
+    with pytest.raises(ConfigError, match=r"^train\.activation_checkpointing: expected full or selective with "
+                       r"train\.save_attention=true, got"):  # fmt: skip
+        TrainConfig(activation_checkpointing=mode, save_attention=True).validate()
+    with pytest.raises(ValueError, match=r"train\.save_attention=true"):
+        apply_activation_checkpointing(model, mode, save_attention=True)
+
+
+def test_saved_attention_is_not_offloaded():
+    """Selective checkpointing's saved outputs bypass save_on_cpu's hooks: refused rather than left on the GPU."""
+    with pytest.raises(ConfigError, match=r"^train\.offload_activations: expected false with train\.save_attention"):
+        TrainConfig(activation_checkpointing="full", save_attention=True, offload_activations=True).validate()
 
 
 def test_trainer_with_checkpointing_and_chunked_loss_resumes_exactly(tmp_path, train_until_first_checkpoint):

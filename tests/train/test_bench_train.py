@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-ROW_KEYS = {"attention", "model", "seq_len", "batch_size", "gpus", "activation_checkpointing", "compile", "loss_impl",
-            "steps", "tokens_per_s", "mfu", "peak_gib", "oom", "error", "vs_sdpa"}  # fmt: skip
+ROW_KEYS = {"attention", "model", "seq_len", "batch_size", "gpus", "activation_checkpointing", "save_attention",
+            "compile", "loss_impl", "steps", "tokens_per_s", "mfu", "peak_gib", "oom", "error", "vs_sdpa"}  # fmt: skip
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 PROFILE = {"steps": 2, "wall_ms": 10.0, "device_busy_ms": 9.0, "kernel_ms": {"attention": 5.0, "matmul": 3.0},
            "longest_kernels_ms": {"fwd_kernel": 5.0}}  # fmt: skip
@@ -206,6 +206,25 @@ def test_options_are_overridden_only_when_given(fake_bench, tmp_path):
     assert {"train.activation_checkpointing=full", "train.loss_impl=chunked"} <= set(fake.commands[-1])
     row = _record(tmp_path)["rows"][0]
     assert (row["activation_checkpointing"], row["loss_impl"]) == ("full", "chunked")
+    assert not any(arg.startswith("train.save_attention") for arg in fake.commands[-1])
+
+
+def test_saved_attention_rows_stand_beside_plain_ones(fake_bench, tmp_path):
+    """--save-attention false true: a row of each per shape, named by the option, in one record and table."""
+    fake = FakeTrainer({"legalpt": 3000, "sdpa": 3000}, {"legalpt": 1.0, "sdpa": 1.0})
+    more = ["--activation-checkpointing", "full", "--save-attention", "false", "true"]
+    assert fake_bench.main(fake_args(tmp_path, *more), runner=fake) == 0
+    rows = _record(tmp_path)["rows"]
+    assert sorted((r["save_attention"], r["attention"], r["seq_len"]) for r in rows) == sorted(
+        (save, attention, seq_len)
+        for save in (False, True)
+        for attention in ("legalpt", "sdpa")
+        for seq_len in (256, 512)
+    )
+    assert all(r["vs_sdpa"] == pytest.approx(1.0) for r in rows if r["attention"] == "legalpt")  # against its own kind
+    assert {"train.save_attention=true"} <= set(fake.commands[-1])
+    options = sys.modules["benchmarking.train.record"].options
+    assert options(rows[-1]).startswith("full + saved attention / ")
 
 
 def test_a_bad_option_stops_before_any_job(fake_bench, tmp_path):

@@ -24,7 +24,14 @@ from legalpt.train.activations import apply_activation_checkpointing
 from legalpt.train.compile import compile_decoder_layers
 
 LAYERS = 3
-CASES = [("legalpt", "none"), ("legalpt", "full"), ("legalpt", "selective"), ("legalpt", "attention"), ("sdpa", "none")]
+CASES = [  # attn_implementation, activation_checkpointing, save_attention
+    ("legalpt", "none", False),
+    ("legalpt", "full", False),
+    ("legalpt", "full", True),
+    ("legalpt", "selective", False),
+    ("legalpt", "attention", False),
+    ("sdpa", "none", False),
+]
 ATTENTION_OPS = {torch.ops.legalpt.attention_forward, torch.ops.legalpt.attention_forward.default}
 
 
@@ -64,14 +71,17 @@ def packed_batch(rng, vocab: int, doc_lens: list[list[int]]) -> dict:
     return collate_packed(rows)
 
 
-def models_for(tiny_model_config, tokenizer, attn_implementation: str, checkpointing: str, copies: int = 1):
-    """`copies` equal tiny Llamas (in train mode), each checkpointed by `checkpointing` after copying: a copy would
-    share its original's checkpointing closures, which hold the original's layers."""
+def models_for(
+    tiny_model_config, tokenizer, attn_implementation: str, checkpointing: str, copies: int = 1, save: bool = False
+):
+    """`copies` equal tiny Llamas (in train mode), each checkpointed by `checkpointing` (`save`: keeping attention's
+    outputs) after copying: a copy would share its original's checkpointing closures, which hold the original's
+    layers."""
     config = tiny_model_config(num_layers=LAYERS, attn_implementation=attn_implementation, attention_backend="auto")
     model = build_model(config, tokenizer).train()
     models = [model, *(copy.deepcopy(model) for _ in range(copies - 1))]
     for each in models:
-        apply_activation_checkpointing(each, checkpointing, every=2)
+        apply_activation_checkpointing(each, checkpointing, every=2, save_attention=save)
     return models
 
 
@@ -82,13 +92,15 @@ def loss_and_grads(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]
     return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize(("attn_implementation", "checkpointing"), CASES)
+@pytest.mark.parametrize(("attn_implementation", "checkpointing", "save_attention"), CASES)
 def test_compiled_layers_are_one_graph_each_and_train_as_eager(
-    rng, tiny_model_config, tokenizer, attn_implementation, checkpointing
+    rng, tiny_model_config, tokenizer, attn_implementation, checkpointing, save_attention
 ):
     """Layers of one kind share one graph (selective checkpointing makes two kinds), Dynamo breaks none, legalpt
     attention sits in it as the custom op, and loss and gradients equal the eager model's."""
-    eager, compiled = models_for(tiny_model_config, tokenizer, attn_implementation, checkpointing, copies=2)
+    eager, compiled = models_for(
+        tiny_model_config, tokenizer, attn_implementation, checkpointing, copies=2, save=save_attention
+    )
     backend = RecordingBackend()
     compile_decoder_layers(compiled, backend=backend)
     batch = packed_batch(rng, eager.config.vocab_size, [[30, 2, 16], [9, 20, 19]])

@@ -8,7 +8,7 @@ longest: per searched setting, the longest seq_len that trained and the shortest
 
 from __future__ import annotations
 
-SETTING_FIELDS = ("model", "attention", "activation_checkpointing", "loss_impl", "compile", "gpus")
+SETTING_FIELDS = ("model", "attention", "activation_checkpointing", "save_attention", "loss_impl", "compile", "gpus")
 ROW_KEY = (*SETTING_FIELDS, "seq_len", "batch_size")
 BASELINE = "sdpa"  # the attention the ratios are against (transformers' sdpa, documents kept apart)
 
@@ -46,9 +46,10 @@ def _union(old: list[dict], new: list[dict], fields: tuple[str, ...]) -> list[di
 
 
 def options(row: dict) -> str:
-    """A row's trainer options in one cell: activation checkpointing / loss / compile."""
+    """A row's trainer options in one cell: activation checkpointing (+ saved attention) / loss / compile."""
     compiled = {True: "compiled", False: "eager", None: "–"}[row["compile"]]
-    return f"{row['activation_checkpointing'] or '–'} / {row['loss_impl'] or '–'} / {compiled}"
+    saved = " + saved attention" if row.get("save_attention") else ""  # records from before the option lack it
+    return f"{row['activation_checkpointing'] or '–'}{saved} / {row['loss_impl'] or '–'} / {compiled}"
 
 
 def format_rows(rows: list[dict]) -> str:

@@ -1,9 +1,9 @@
 """One benchmarked training job: `legalpt-train` with Hydra overrides in a fresh process, so that a CUDA
 out-of-memory leaves nothing behind for the next job, and the row read from the job's metrics.jsonl.
 
-A row is {attention, model, seq_len, batch_size, gpus, activation_checkpointing, compile, loss_impl, steps,
-tokens_per_s, mfu, peak_gib, oom, error}, and with --profile its `profile` (legalpt.train.profiling's summary). The
-three options are the values the job ran with (its composed config), null where this tree's config has no such
+A row is {attention, model, seq_len, batch_size, gpus, activation_checkpointing, save_attention, compile, loss_impl,
+steps, tokens_per_s, mfu, peak_gib, oom, error}, and with --profile its `profile` (legalpt.train.profiling's summary).
+The four options are the values the job ran with (its composed config), null where this tree's config has no such
 field; an option the benchmark was not given is not overridden, so the script runs on trees from before and after
 the options exist (those with `train.eval_every=0`, which every job sets: held-out evaluation measures nothing here
 and costs a step's time at long seq_lens). tokens_per_s and mfu are medians over the steps after the first `warmup`
@@ -39,7 +39,7 @@ from legalpt.data.demo import MAX_CHARS, MIN_CHARS
 ROOT = Path(__file__).resolve().parents[3]
 CHARS_PER_TOKEN = 6  # characters of a joined demo document per token it must hold (the demo BPE makes ~4.9)
 DOCUMENTS_PER_KIND = 3  # joined documents of each kind (contract, opinion): one is held out, the rest trained on
-OPTIONS = ("activation_checkpointing", "loss_impl", "compile")  # train.* options a setting may override
+OPTIONS = ("activation_checkpointing", "save_attention", "loss_impl", "compile")  # train.* a setting may override
 _OOM = re.compile(r"out of memory|OutOfMemoryError|SIGKILL", re.IGNORECASE)
 _TAIL_CHARS = 20_000  # of a job's output, kept to tell an OOM from another failure
 PREPARE_TIMEOUT_S = 3600  # for legalpt-prepare, which tokenizes and packs before the timed job
@@ -56,6 +56,7 @@ class Setting:
     activation_checkpointing: str | None = None
     loss_impl: str | None = None
     compile: bool | None = None
+    save_attention: bool | None = None
     gpus: int = 1  # processes (one GPU each)
 
     def overrides(self) -> list[str]:
