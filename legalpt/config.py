@@ -403,8 +403,8 @@ class TrainConfig:
     activation_checkpointing: str = "none"
     checkpoint_every: int = 2  # activation_checkpointing=selective: layers 0, k, 2k, ... are recomputed
     offload_activations: bool = False  # keep the decoder layers' saved activations in CPU memory (CUDA only)
-    # full or selective: keep each recomputed layer's attention output and logsumexp (per token and layer, 2 bytes per
-    # hidden unit and 4 per head; on the GPU, not offloaded), so that backward's recompute skips attention
+    # full or selective: keep each recomputed layer's attention output and logsumexp (per token and layer, an element
+    # per hidden unit and a float per head, on the GPU), so that backward's recompute skips attention
     save_attention: bool = False
     # processes: ddp (a full replica each) | fsdp2 (parameters, gradients and AdamW state sharded per decoder layer)
     distributed: str = "ddp"
@@ -612,6 +612,8 @@ class Config:
             self._validate_lora()
         if self.train.context_parallel > 1:
             self._validate_context_parallel()
+        if self.train.save_attention:
+            self._validate_save_attention()
 
     def _validate_live_eval(self) -> None:
         """The live evaluation reads held-out documents."""
@@ -629,6 +631,15 @@ class Config:
                 "attention runs on legalpt's backends)", self.model.attn_implementation)  # fmt: skip
         _expect(self.data.seq_len % (2 * cp) == 0, "data.seq_len", f"a multiple of {2 * cp} {on} (each process holds "
                 "two equal chunks of every row)", self.data.seq_len)  # fmt: skip
+
+    def _validate_save_attention(self) -> None:
+        """Only the attention ops of legalpt's and sdpa's kernels are saved; the ring runs its own steps."""
+        on = "with train.save_attention=true"
+        implementation = self.model.attn_implementation
+        _expect(implementation in ("legalpt", "sdpa"), "model.attn_implementation", f"legalpt or sdpa {on} (the "
+                "implementations whose attention is one op to save)", implementation)  # fmt: skip
+        _expect(self.train.context_parallel == 1, "train.context_parallel", f"1 {on} (ring attention's steps are not "
+                "one op to save)", self.train.context_parallel)  # fmt: skip
 
     def _validate_context(self) -> None:
         """data.seq_len fits the positions the model covers (a checkpoint's are read from its config.json)."""

@@ -13,12 +13,12 @@ time goes: wall against GPU-busy milliseconds and kernel time by kind (matmul, a
 (benchmarking/train/search.py): doubling from --search-start, then bisection to within 1/16.
 
 Trainer options are Hydra overrides given only when asked for (--activation-checkpointing full selective ...,
---loss-impl, --compile true false, --override KEY=VALUE for anything else), so the script runs on trees with and
-without them. The record goes to <out>/train-<gpu>-<yyyymmdd>.json (header, rows, search, longest;
-scripts/benchmarking/record.py names and heads it), rewritten after every job, so a run cut off by a time limit
-keeps what it measured; --merge adds this run to the record of the same day, and a search continues from the jobs
-the record already holds. Give every part of a split run the same --doc-tokens (else the default, the longest
-seq_len of each part, makes a different corpus per part).
+--save-attention true false, --loss-impl, --compile true false, --override KEY=VALUE for anything else), so the
+script runs on trees with and without them. The record goes to <out>/train-<gpu>-<yyyymmdd>.json (header, rows,
+search, longest; scripts/benchmarking/record.py names and heads it), rewritten after every job, so a run cut off by a
+time limit keeps what it measured; --merge adds this run to the record of the same day, and a search continues from
+the jobs the record already holds. Give every part of a split run the same --doc-tokens (else the default, the
+longest seq_len of each part, makes a different corpus per part).
 
     python scripts/bench_train.py                                          # 1b preset at 8k and 32k, one GPU
     python scripts/bench_train.py --seq-lens 8192 --loss-impl chunked --activation-checkpointing full \\
@@ -66,9 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--activation-checkpointing", nargs="+", help="train.activation_checkpointing values")
     parser.add_argument("--loss-impl", nargs="+", help="train.loss_impl values")
     parser.add_argument("--compile", nargs="+", choices=("true", "false"), help="train.compile values")
-    parser.add_argument(
-        "--save-attention", nargs="+", choices=("true", "false"), help="train.save_attention values"
-    )  # fmt: skip
+    parser.add_argument("--save-attention", nargs="+", choices=("true", "false"), help="train.save_attention values")
     parser.add_argument("--gpus", type=int, default=1, help="processes, one GPU each (accelerate launch when > 1)")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps of a row's job")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of tokens/s and MFU")

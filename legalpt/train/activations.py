@@ -4,11 +4,13 @@ and offloading to CPU memory (`train.offload_activations`).
 A checkpointed module keeps only its inputs in forward and recomputes the rest in backward (torch.utils.checkpoint,
 non-reentrant): `full` checkpoints every decoder layer, `selective` layers 0, k, 2k, ..., `attention` only the
 attention modules (the MLP keeps its activations). With `train.save_attention` a recomputed layer keeps its attention
-output and logsumexp (torch's selective checkpointing saves the attention op's outputs, by op: legalpt's and SDPA's
-kernels alike), so that the recompute runs the projections and the MLP but not attention, whose cost grows with the
-row's length squared. Offloading moves what the layers save for backward to (pinned)
-CPU memory as it is saved and back when backward needs it (torch.autograd.graph.save_on_cpu); with checkpointing
-that is each layer's input alone, the longest contexts' remaining cost.
+output and logsumexp: torch's selective checkpointing saves the outputs of the ops in ATTENTION_OPS (legalpt's op,
+whatever its kernel backend, and SDPA's fused kernels), so that the recompute runs the projections and the MLP but not
+attention, whose cost grows with the row's length squared. A layer whose attention runs as no such op (SDPA's math
+fallback, legalpt's flex backend) recomputes it all the same, with a warning. Offloading moves what the layers save
+for backward to (pinned) CPU memory as it is saved and back when backward needs it
+(torch.autograd.graph.save_on_cpu); with checkpointing that is each layer's input alone, the longest contexts'
+remaining cost.
 
 Each module's `forward` is replaced on the instance and module hooks stay outside the checkpoint (as transformers'
 own gradient checkpointing does), so this is applied to the plain HF model before accelerate.prepare and composes with
@@ -52,14 +54,14 @@ def apply_activation_checkpointing(
                          f"got {mode!r}")  # fmt: skip
     if every < 1:
         raise ValueError(f"train.checkpoint_every: expected an integer >= 1, got {every}")
-    if save_attention and mode not in ("full", "selective"):
-        raise ValueError(f"train.activation_checkpointing: expected full or selective with train.save_attention=true, "
-                         f"got {mode!r}")  # fmt: skip
+    if save_attention:
+        _check_save_attention(model, mode, offload)
     device = next(model.parameters()).device
     if offload and device.type != "cuda":
         # Saved activations are in CPU memory already: copying them there again would only cost time.
         log.warning("train.offload_activations: the model is on %s, not CUDA; activations stay where they are", device)
         offload = False
+    policy = SaveAttention() if save_attention else None
     for index, layer in enumerate(decoder_layers(model)):
         if mode == "attention":
             attention = getattr(layer, "self_attn", None)
@@ -68,31 +70,58 @@ def apply_activation_checkpointing(
             _wrap(attention, recompute=True, offload=False)  # the layer's offload covers it
         recompute = mode == "full" or (mode == "selective" and index % every == 0)
         if recompute or offload:
-            _wrap(layer, recompute=recompute, offload=offload, save_attention=save_attention)
+            _wrap(layer, recompute=recompute, offload=offload, policy=policy)
 
 
-# The attention ops whose outputs train.save_attention keeps: legalpt's, and SDPA's backends (CUDA and CPU)
+def _check_save_attention(model: PreTrainedModel, mode: str, offload: bool) -> None:
+    if mode not in ("full", "selective"):
+        raise ValueError(f"train.activation_checkpointing: expected full or selective with train.save_attention=true, "
+                         f"got {mode!r}")  # fmt: skip
+    if offload:  # selective checkpointing's saved outputs bypass save_on_cpu's hooks: they would stay on the GPU
+        raise ValueError("train.offload_activations: expected false with train.save_attention=true, got true")
+    dropout = getattr(model.config, "attention_dropout", 0.0) or 0.0
+    if dropout > 0:  # a skipped op draws no random numbers: the recompute's later dropout masks would differ
+        raise ValueError(f"train.save_attention: expected a model without attention dropout, got attention_dropout="
+                         f"{dropout}")  # fmt: skip
+
+
+# The attention ops (every overload) whose outputs train.save_attention keeps: legalpt's, SDPA's fused kernels
 ATTENTION_OPS = frozenset(
     (
-        torch.ops.legalpt.attention_forward.default,
-        torch.ops.aten._scaled_dot_product_flash_attention.default,
-        torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-        torch.ops.aten._scaled_dot_product_efficient_attention.default,
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+        torch.ops.legalpt.attention_forward,
+        torch.ops.aten._scaled_dot_product_flash_attention,
+        torch.ops.aten._scaled_dot_product_cudnn_attention,
+        torch.ops.aten._scaled_dot_product_efficient_attention,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
     )
 )
 
 
-def _save_attention(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    """Selective checkpointing's policy: attention's outputs saved, everything else recomputed."""
-    return CheckpointPolicy.MUST_SAVE if op in ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+class SaveAttention:
+    """Selective checkpointing's policy for train.save_attention: the outputs of ATTENTION_OPS saved, everything else
+    recomputed; it warns once if a checkpointed forward ran none of them (nothing saved: attention is recomputed)."""
+
+    def __init__(self):
+        self.saved = self.warned = False
+
+    def __call__(self, ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        if getattr(op, "overloadpacket", op) in ATTENTION_OPS:
+            self.saved = True
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def check(self) -> None:
+        if not (self.saved or self.warned):
+            self.warned = True
+            log.warning("train.save_attention: the layers' attention ran as no op it saves (SDPA's math fallback or "
+                        "legalpt's flex backend?); it is recomputed in backward as without the option")  # fmt: skip
 
 
-def _wrap(module: torch.nn.Module, recompute: bool, offload: bool, save_attention: bool = False) -> None:
-    """Replace `module.forward` by one that recomputes it in backward (keeping attention's outputs where
-    `save_attention`) and/or offloads what it saves."""
-    # only when asked: Dynamo traces checkpoint's default context, not a context_fn passed (noop_context_fn included)
-    selective = {"context_fn": partial(create_selective_checkpoint_contexts, _save_attention)} if save_attention else {}
+def _wrap(module: torch.nn.Module, recompute: bool, offload: bool, policy: SaveAttention | None = None) -> None:
+    """Replace `module.forward` by one that recomputes it in backward (keeping attention's outputs by `policy`,
+    if given) and/or offloads what it saves."""
+    # Only with a policy: Dynamo takes any context_fn passed, noop_context_fn included, for selective checkpointing
+    selective = {"context_fn": partial(create_selective_checkpoint_contexts, policy)} if policy else {}
 
     def forward(*args, **kwargs):
         # The class's forward, looked up per call: FSDP2 swaps the instance's class for a subclass.
@@ -101,7 +130,10 @@ def _wrap(module: torch.nn.Module, recompute: bool, offload: bool, save_attentio
             if not (recompute and module.training and torch.is_grad_enabled()):
                 return run(*args, **kwargs)
             args, kwargs = _recomputable(args, kwargs)
-            return checkpoint(run, *args, use_reentrant=False, **selective, **kwargs)
+            out = checkpoint(run, *args, use_reentrant=False, **selective, **kwargs)
+            if policy is not None and not torch.compiler.is_compiling():  # a compiled graph saves by the policy too
+                policy.check()
+            return out
 
     module.forward = forward
 

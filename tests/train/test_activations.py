@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import legalpt.train.trainer as trainer
-from legalpt.config import ConfigError, TrainConfig, compose
+from legalpt.config import ConfigError, TrainConfig, compose, to_config
 from legalpt.data.pack import collate_packed
 from legalpt.data.tokenizer import train_bpe
 from legalpt.model import build_model
@@ -98,7 +98,7 @@ class CountAttention(TorchDispatchMode):
         self.calls = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += func in ATTENTION_OPS
+        self.calls += func.overloadpacket in ATTENTION_OPS
         return func(*args, **(kwargs or {}))
 
 
@@ -193,10 +193,54 @@ def test_saving_attention_needs_recomputed_layers(mode, model):
         apply_activation_checkpointing(model, mode, save_attention=True)
 
 
-def test_saved_attention_is_not_offloaded():
+def test_saved_attention_is_not_offloaded(model):
     """Selective checkpointing's saved outputs bypass save_on_cpu's hooks: refused rather than left on the GPU."""
     with pytest.raises(ConfigError, match=r"^train\.offload_activations: expected false with train\.save_attention"):
         TrainConfig(activation_checkpointing="full", save_attention=True, offload_activations=True).validate()
+    with pytest.raises(ValueError, match=r"^train\.offload_activations: expected false with train\.save_attention"):
+        apply_activation_checkpointing(model, "full", offload=True, save_attention=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["model.attn_implementation=eager"], "model.attn_implementation"),
+        (["train.context_parallel=2", "data.seq_len=128"], "train.context_parallel"),
+    ],
+)
+def test_saved_attention_needs_one_attention_op(overrides, field):
+    """Eager attention is many ops and ring attention runs its own steps: neither is one op to save."""
+    composed = compose("train", ["train.activation_checkpointing=full", "train.save_attention=true", *overrides])
+    with pytest.raises(ConfigError, match=rf"^{field}: expected .* with train\.save_attention=true"):
+        to_config(composed)
+
+
+def test_saved_attention_refuses_attention_dropout(model):
+    """A skipped attention op draws no random numbers, so the recompute's later dropout masks would differ."""
+    model.config.attention_dropout = 0.1
+    with pytest.raises(ValueError, match=r"^train\.save_attention: expected a model without attention dropout"):
+        apply_activation_checkpointing(model, "full", save_attention=True)
+
+
+def test_attention_that_is_no_saved_op_warns_and_is_recomputed(rng, tiny_model_config, tokenizer, caplog):
+    """Eager attention (refused by the config, possible through the function) saves nothing: a warning, once, and
+    the gradients of plain checkpointing."""
+    model = build_model(tiny_model_config(num_layers=3, attn_implementation="eager"), tokenizer).train()
+    batch = packed_batch(rng, model.config.vocab_size)
+    batch = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+    plain, saving = copy.deepcopy(model), copy.deepcopy(model)
+    apply_activation_checkpointing(plain, "full")
+    apply_activation_checkpointing(saving, "full", save_attention=True)
+    with caplog.at_level(logging.WARNING, logger="legalpt.train.activations"):
+        loss, grads = loss_and_grads(saving, batch)
+    assert [r.message for r in caplog.records].count(
+        "train.save_attention: the layers' attention ran as no op it saves (SDPA's math fallback or legalpt's flex "
+        "backend?); it is recomputed in backward as without the option"
+    ) == 1
+    expected_loss, expected_grads = loss_and_grads(plain, batch)
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=0)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=0, atol=0, msg=name)
 
 
 def test_trainer_with_checkpointing_and_chunked_loss_resumes_exactly(tmp_path, train_until_first_checkpoint):
@@ -211,7 +255,8 @@ def test_trainer_with_checkpointing_and_chunked_loss_resumes_exactly(tmp_path, t
             f"train.output_dir={tmp_path / name}", *extra,
         ]  # fmt: skip
 
-    memory = ("train.activation_checkpointing=selective", "train.loss_impl=chunked", "train.loss_chunk_tokens=100")
+    memory = ("train.activation_checkpointing=selective", "train.save_attention=true", "train.loss_impl=chunked",
+              "train.loss_chunk_tokens=100")  # fmt: skip
     default = trainer.train(compose("train", overrides("default")))
     straight = trainer.train(compose("train", overrides("straight", *memory)))
     for (step, loss), (expected_step, expected) in zip(straight.eval_losses, default.eval_losses, strict=True):

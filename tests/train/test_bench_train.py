@@ -261,3 +261,14 @@ def test_performance_table_renders_a_gpu_record(fake_bench, tmp_path, monkeypatc
     longest = {e["attention"]: e for e in record["longest"]}
     row = f"| tiny | legalpt | 1 | none / plain / eager | {longest['legalpt']['longest_seq_len']:,} | "
     assert row + f"{longest['legalpt']['first_oom']:,} |" in text
+
+
+def test_rows_from_before_save_attention_merge_with_their_redone_jobs(bench):
+    """A record written before the option has no save_attention: its rows are the redone jobs' (False), not others."""
+    record = sys.modules["benchmarking.train.record"]
+    old_row = {"model": "1b", "attention": "legalpt", "activation_checkpointing": "full", "loss_impl": "chunked",
+               "compile": False, "gpus": 1, "seq_len": 8192, "batch_size": 1, "tokens_per_s": 1.0}  # fmt: skip
+    redone, saving = {**old_row, "save_attention": False, "tokens_per_s": 2.0}, {**old_row, "save_attention": True}
+    old = {"header": {"command": "first"}, "rows": [old_row], "search": [], "longest": []}
+    merged = record.build({"command": "second"}, [redone, saving], [], [], old)
+    assert [(r["save_attention"], r["tokens_per_s"]) for r in merged["rows"]] == [(False, 2.0), (True, 1.0)]

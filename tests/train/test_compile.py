@@ -9,7 +9,9 @@ import json
 
 import pytest
 import torch
+from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 from test_trainer import tiny_overrides
+from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import lookup_backend
 from torch._dynamo.utils import counters
 
@@ -20,7 +22,7 @@ from legalpt.config import ConfigError, TrainConfig, compose
 from legalpt.data.pack import collate_packed
 from legalpt.data.tokenizer import train_bpe
 from legalpt.model import build_model
-from legalpt.train.activations import apply_activation_checkpointing
+from legalpt.train.activations import ATTENTION_OPS, apply_activation_checkpointing
 from legalpt.train.compile import compile_decoder_layers
 
 LAYERS = 3
@@ -32,7 +34,7 @@ CASES = [  # attn_implementation, activation_checkpointing, save_attention
     ("legalpt", "attention", False),
     ("sdpa", "none", False),
 ]
-ATTENTION_OPS = {torch.ops.legalpt.attention_forward, torch.ops.legalpt.attention_forward.default}
+LEGALPT_OPS = {torch.ops.legalpt.attention_forward, torch.ops.legalpt.attention_forward.default}
 
 
 @pytest.fixture(autouse=True)
@@ -114,11 +116,39 @@ def test_compiled_layers_are_one_graph_each_and_train_as_eager(
         for graph in backend.graphs:
             # the op itself, or inside the checkpoint's subgraph
             targets = {node.target for module in graph.modules() for node in module.graph.nodes}
-            assert targets & ATTENTION_OPS
+            assert targets & LEGALPT_OPS
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
     for name, grad in expected_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
     assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoints do not depend on train.compile
+
+
+@pytest.mark.parametrize("attn_implementation", ["legalpt", "sdpa"])
+def test_compiled_backward_reruns_attention_only_without_saving_it(rng, tiny_model_config, tokenizer,
+                                                                    attn_implementation):  # fmt: skip
+    """Under full checkpointing and Inductor's partitioner (min-cut), the backward graph recomputes the attention op;
+    with train.save_attention it does not."""
+    reruns = {}
+    for save in (False, True):
+        torch._dynamo.reset()
+        (model,) = models_for(tiny_model_config, tokenizer, attn_implementation, "full", save=save)
+        backward: list[torch.fx.GraphModule] = []
+
+        def keep(graph, example_inputs, graphs=backward):
+            graphs.append(graph)
+            return make_boxed_func(graph.forward)
+
+        forward = lambda graph, example_inputs: make_boxed_func(graph.forward)
+        backend = aot_autograd(fw_compiler=forward, bw_compiler=keep, partition_fn=min_cut_rematerialization_partition)
+        compile_decoder_layers(model, backend=backend)
+        batch = packed_batch(rng, model.config.vocab_size, [[30, 2, 16], [9, 20, 19]])
+        if attn_implementation == "sdpa":  # one causal document per row: SDPA's fused CPU kernel, not its math
+            batch = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+        loss_and_grads(model, batch)
+        reruns[save] = sum(
+            getattr(node.target, "overloadpacket", None) in ATTENTION_OPS for g in backward for node in g.graph.nodes
+        )
+    assert reruns[False] >= 1 and reruns[True] == 0
 
 
 @pytest.mark.parametrize("attn_implementation", ["legalpt", "sdpa"])

@@ -13,8 +13,11 @@ ROW_KEY = (*SETTING_FIELDS, "seq_len", "batch_size")
 BASELINE = "sdpa"  # the attention the ratios are against (transformers' sdpa, documents kept apart)
 
 
+ABSENT = {"save_attention": False}  # what a field means in records from before it: rows merge with their redone jobs
+
+
 def key(row: dict, fields: tuple[str, ...] = ROW_KEY) -> tuple:
-    return tuple(row.get(f) for f in fields)
+    return tuple(ABSENT.get(f) if row.get(f) is None else row.get(f) for f in fields)
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
@@ -55,13 +58,13 @@ def options(row: dict) -> str:
 def format_rows(rows: list[dict]) -> str:
     """The throughput rows as the run prints them."""
     lines = [
-        f"{'attention':<10} {'model':<6} {'seq_len':>8} {'batch':>5} {'gpus':>4} {'ckpt/loss/compile':<32} "
+        f"{'attention':<10} {'model':<6} {'seq_len':>8} {'batch':>5} {'gpus':>4} {'ckpt/loss/compile':<48} "
         f"{'tokens/s':>10} {'MFU':>6} {'peak GiB':>8} {'vs sdpa':>8}"
     ]
     for r in rows:
         lines.append(
             f"{r['attention']:<10} {r['model']:<6} {r['seq_len']:>8} {r['batch_size']:>5} {r['gpus']:>4} "
-            f"{options(r):<32} {cell(r, 'tokens_per_s', '{:,.0f}'):>10} {cell(r, 'mfu', '{:.1%}'):>6} "
+            f"{options(r):<48} {cell(r, 'tokens_per_s', '{:,.0f}'):>10} {cell(r, 'mfu', '{:.1%}'):>6} "
             f"{cell(r, 'peak_gib', '{:.1f}'):>8} {cell(r, 'vs_sdpa', '{:.2f}x'):>8}"
         )
     return "\n".join(lines)
@@ -75,7 +78,7 @@ def format_profiles(rows: list[dict]) -> str:
             continue
         kinds = ", ".join(f"{kind} {ms:.1f}" for kind, ms in profile["kernel_ms"].items())
         lines.append(
-            f"{r['attention']:<10} {r['model']:<6} {r['seq_len']:>8} {options(r):<32} wall {profile['wall_ms']:.1f}, "
+            f"{r['attention']:<10} {r['model']:<6} {r['seq_len']:>8} {options(r):<48} wall {profile['wall_ms']:.1f}, "
             f"busy {profile['device_busy_ms']:.1f} | {kinds}"
         )
     return "\n".join(lines) or "no job left a profile"
@@ -83,13 +86,13 @@ def format_profiles(rows: list[dict]) -> str:
 
 def format_longest(longest: list[dict]) -> str:
     """The search's results as the run prints them."""
-    lines = [f"{'attention':<10} {'model':<6} {'gpus':>4} {'ckpt/loss/compile':<32} {'longest':>9} {'OOM at':>9}"]
+    lines = [f"{'attention':<10} {'model':<6} {'gpus':>4} {'ckpt/loss/compile':<48} {'longest':>9} {'OOM at':>9}"]
     for e in longest:
         found = "–" if e["longest_seq_len"] is None else f"{e['longest_seq_len']:,}"
         oom = "–" if e["first_oom"] is None else f"{e['first_oom']:,}"
         note = "" if e["complete"] else "  (search not finished)"
         note += f"  error: {e['error']}" if e["error"] else ""
-        lines.append(f"{e['attention']:<10} {e['model']:<6} {e['gpus']:>4} {options(e):<32} {found:>9} {oom:>9}{note}")
+        lines.append(f"{e['attention']:<10} {e['model']:<6} {e['gpus']:>4} {options(e):<48} {found:>9} {oom:>9}{note}")
     return "\n".join(lines)
 
 
