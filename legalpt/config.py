@@ -46,6 +46,7 @@ PRECISIONS = ("autocast", "bf16-fsdp")  # train.precision (legalpt.train.distrib
 LOSS_IMPLS = ("plain", "chunked", "fused")  # train.loss_impl (legalpt.train.loss)
 # train.activation_checkpointing (legalpt.train.activations)
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective", "attention")
+RECOMPUTED_LAYERS = ("full", "selective")  # the modes that recompute whole layers, where train.save_attention applies
 # train.compile_mode: torch.compile's modes without CUDA graphs, which record a graph per batch shape, and packed
 # batches change shape every step (legalpt.train.compile)
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
@@ -444,7 +445,7 @@ class TrainConfig:
         _at_least(1, self, key, "loss_chunk_tokens", "checkpoint_every", "context_parallel")
         _one_of(f"{key}.activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
         if self.save_attention:
-            _expect(self.activation_checkpointing in ("full", "selective"), f"{key}.activation_checkpointing",
+            _expect(self.activation_checkpointing in RECOMPUTED_LAYERS, f"{key}.activation_checkpointing",
                     f"full or selective with {key}.save_attention=true", self.activation_checkpointing)  # fmt: skip
             # torch's selective checkpointing keeps what it saves out of save_on_cpu's reach: on the GPU
             _expect(not self.offload_activations, f"{key}.offload_activations",

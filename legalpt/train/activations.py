@@ -30,7 +30,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from transformers import Cache, PreTrainedModel
 
 from legalpt.attention import ops  # noqa: F401 (registers torch.ops.legalpt.attention_forward)
-from legalpt.config import ACTIVATION_CHECKPOINTING
+from legalpt.config import ACTIVATION_CHECKPOINTING, RECOMPUTED_LAYERS
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def apply_activation_checkpointing(
 
 
 def _check_save_attention(model: PreTrainedModel, mode: str, offload: bool) -> None:
-    if mode not in ("full", "selective"):
+    if mode not in RECOMPUTED_LAYERS:
         raise ValueError(f"train.activation_checkpointing: expected full or selective with train.save_attention=true, "
                          f"got {mode!r}")  # fmt: skip
     if offload:  # selective checkpointing's saved outputs bypass save_on_cpu's hooks: they would stay on the GPU

@@ -49,6 +49,20 @@ def loss_and_grads(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]
     return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
 
 
+def assert_same_training(got: tuple, expected: tuple) -> None:
+    """loss_and_grads's results bit for bit equal."""
+    (loss, grads), (expected_loss, expected_grads) = got, expected
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=0)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=0, atol=0, msg=name)
+
+
+def unpacked(batch: dict) -> dict:
+    """A packed batch's tokens and labels alone: rows of one causal document (sdpa and eager keep packed documents
+    apart only through a mask, which SDPA's fused kernels do not take on a CPU)."""
+    return {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+
+
 def saved_bytes(model, batch) -> int:
     """Bytes of the tensors a forward saves for backward, parameters excepted, counted as autograd saves them."""
     parameters = {p.data_ptr() for p in model.parameters()}
@@ -111,8 +125,8 @@ def test_saved_attention_is_not_recomputed(rng, tiny_model_config, tokenizer, at
     config = tiny_model_config(num_layers=5, attn_implementation=attn_implementation)
     model = build_model(config, tokenizer).train()
     batch = packed_batch(rng, model.config.vocab_size)
-    if attn_implementation == "sdpa":  # transformers keeps documents apart for sdpa only without a packed batch
-        batch = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+    if attn_implementation == "sdpa":
+        batch = unpacked(batch)
     runs, results = {}, {}
     for save in (False, True):
         checkpointed = copy.deepcopy(model)
@@ -121,10 +135,7 @@ def test_saved_attention_is_not_recomputed(rng, tiny_model_config, tokenizer, at
             results[save] = loss_and_grads(checkpointed, batch)
         runs[save] = counter.calls
     assert runs == {False: 5 + recomputed, True: 5}
-    (loss, grads), (expected_loss, expected_grads) = results[True], results[False]
-    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=0)
-    for name, grad in expected_grads.items():
-        torch.testing.assert_close(grads[name], grad, rtol=0, atol=0, msg=name)
+    assert_same_training(results[True], results[False])
 
 
 def test_evaluation_runs_the_layers_plainly(rng, model):
@@ -226,8 +237,7 @@ def test_attention_that_is_no_saved_op_warns_and_is_recomputed(rng, tiny_model_c
     """Eager attention (refused by the config, possible through the function) saves nothing: a warning, once, and
     the gradients of plain checkpointing."""
     model = build_model(tiny_model_config(num_layers=3, attn_implementation="eager"), tokenizer).train()
-    batch = packed_batch(rng, model.config.vocab_size)
-    batch = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+    batch = unpacked(packed_batch(rng, model.config.vocab_size))
     plain, saving = copy.deepcopy(model), copy.deepcopy(model)
     apply_activation_checkpointing(plain, "full")
     apply_activation_checkpointing(saving, "full", save_attention=True)
@@ -237,10 +247,7 @@ def test_attention_that_is_no_saved_op_warns_and_is_recomputed(rng, tiny_model_c
         "train.save_attention: the layers' attention ran as no op it saves (SDPA's math fallback or legalpt's flex "
         "backend?); it is recomputed in backward as without the option"
     ) == 1
-    expected_loss, expected_grads = loss_and_grads(plain, batch)
-    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=0)
-    for name, grad in expected_grads.items():
-        torch.testing.assert_close(grads[name], grad, rtol=0, atol=0, msg=name)
+    assert_same_training((loss, grads), loss_and_grads(plain, batch))
 
 
 def test_trainer_with_checkpointing_and_chunked_loss_resumes_exactly(tmp_path, train_until_first_checkpoint):
