@@ -407,6 +407,9 @@ class TrainConfig:
     # full or selective: keep each recomputed layer's attention output and logsumexp (per token and layer, an element
     # per hidden unit and a float per head, on the GPU), so that backward's recompute skips attention
     save_attention: bool = False
+    # tokens each decoder layer's MLP runs at once in training, each chunk recomputed in backward, so that only one
+    # chunk's intermediates exist at a time (the longest rows); 0 = whole rows
+    mlp_chunk_tokens: int = 0
     # processes: ddp (a full replica each) | fsdp2 (parameters, gradients and AdamW state sharded per decoder layer)
     distributed: str = "ddp"
     # autocast (float32 parameters, compute autocast to train.mixed_precision) | bf16-fsdp (fsdp2 only: bfloat16 copies
@@ -430,7 +433,7 @@ class TrainConfig:
         _at_least(1, self, key, "steps", "batch_size", "grad_accum", "save_every", "log_every",
                   "keep_checkpoints")  # fmt: skip
         _at_least(0, self, key, "eval_every", "warmup_steps", "eval_batches", "eval_citations", "eval_documents",
-                  "eval_documents_every", "profile_steps", "profile_start")  # fmt: skip
+                  "eval_documents_every", "profile_steps", "profile_start", "mlp_chunk_tokens")  # fmt: skip
         _positive(f"{key}.lr", self.lr)
         _expect(0 <= self.min_lr_ratio <= 1, f"{key}.min_lr_ratio", "a number in [0, 1]", self.min_lr_ratio)
         _expect(self.weight_decay >= 0, f"{key}.weight_decay", "a number >= 0", self.weight_decay)

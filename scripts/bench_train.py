@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loss-impl", nargs="+", help="train.loss_impl values")
     parser.add_argument("--compile", nargs="+", choices=("true", "false"), help="train.compile values")
     parser.add_argument("--save-attention", nargs="+", choices=("true", "false"), help="train.save_attention values")
+    parser.add_argument("--offload-activations", nargs="+", choices=("true", "false"),
+                        help="train.offload_activations values")  # fmt: skip
+    parser.add_argument("--mlp-chunk-tokens", type=int, nargs="+", help="train.mlp_chunk_tokens values")
     parser.add_argument("--gpus", type=int, default=1, help="processes, one GPU each (accelerate launch when > 1)")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps of a row's job")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of tokens/s and MFU")
@@ -111,12 +114,24 @@ def settings(args: argparse.Namespace) -> list[Setting]:
     """Every setting, the attentions of one configuration next to each other."""
     compiled = [value == "true" for value in args.compile] if args.compile else [None]
     saved = [value == "true" for value in args.save_attention] if args.save_attention else [None]
+    offloaded = [value == "true" for value in args.offload_activations] if args.offload_activations else [None]
     grid = itertools.product(
-        args.models, args.activation_checkpointing or [None], saved, args.loss_impl or [None], compiled, args.attention
-    )
+        args.models, args.activation_checkpointing or [None], saved, offloaded, args.mlp_chunk_tokens or [None],
+        args.loss_impl or [None], compiled, args.attention,
+    )  # fmt: skip
     return [
-        Setting(model, attention, ckpt, loss, comp, save_attention=save, gpus=args.gpus)
-        for model, ckpt, save, loss, comp, attention in grid
+        Setting(
+            model,
+            attention,
+            ckpt,
+            loss,
+            comp,
+            save_attention=save,
+            offload_activations=offload,
+            mlp_chunk_tokens=chunk,
+            gpus=args.gpus,
+        )
+        for model, ckpt, save, offload, chunk, loss, comp, attention in grid
     ]
 
 

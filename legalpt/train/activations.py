@@ -1,5 +1,5 @@
-"""Activation memory of the decoder layers: checkpointing (`train.activation_checkpointing`, `train.checkpoint_every`)
-and offloading to CPU memory (`train.offload_activations`).
+"""Activation memory of the decoder layers: checkpointing (`train.activation_checkpointing`, `train.checkpoint_every`),
+offloading to CPU memory (`train.offload_activations`) and the MLP in chunks of tokens (`train.mlp_chunk_tokens`).
 
 A checkpointed module keeps only its inputs in forward and recomputes the rest in backward (torch.utils.checkpoint,
 non-reentrant): `full` checkpoints every decoder layer, `selective` layers 0, k, 2k, ..., `attention` only the
@@ -9,8 +9,12 @@ whatever its kernel backend, and SDPA's fused kernels), so that the recompute ru
 attention, whose cost grows with the row's length squared. A layer whose attention runs as no such op (SDPA's math
 fallback, legalpt's flex backend) recomputes it all the same, with a warning. Offloading moves what the layers save
 for backward to (pinned) CPU memory as it is saved and back when backward needs it
-(torch.autograd.graph.save_on_cpu); with checkpointing that is each layer's input alone, the longest contexts'
-remaining cost.
+(torch.autograd.graph.save_on_cpu); with checkpointing that is each layer's input alone.
+
+What then bounds the longest rows is the one layer that backward recomputes at a time, and most of it is the MLP's
+intermediates, several times the hidden size per token. `train.mlp_chunk_tokens` runs each MLP over that many tokens
+at a time, each chunk checkpointed on its own: the MLP keeps only its input, and its backward recomputes one chunk's
+intermediates at a time (sequence tiling; the MLP sees each token alone, so the result is the same).
 
 Each module's `forward` is replaced on the instance and module hooks stay outside the checkpoint (as transformers'
 own gradient checkpointing does), so this is applied to the plain HF model before accelerate.prepare and composes with
@@ -71,6 +75,30 @@ def apply_activation_checkpointing(
         recompute = mode == "full" or (mode == "selective" and index % every == 0)
         if recompute or offload:
             _wrap(layer, recompute=recompute, offload=offload, policy=policy)
+
+
+def chunk_mlps(model: PreTrainedModel, tokens: int) -> None:
+    """Run every decoder layer's MLP over `tokens` tokens at a time in training, each chunk recomputed in backward
+    (`train.mlp_chunk_tokens`), in place."""
+    if tokens < 1:
+        raise ValueError(f"train.mlp_chunk_tokens: expected an integer >= 1, got {tokens}")
+    for layer in decoder_layers(model):
+        mlp = getattr(layer, "mlp", None)
+        if not isinstance(mlp, torch.nn.Module):
+            raise ValueError(f"train.mlp_chunk_tokens: {type(layer).__name__} has no mlp module")
+        _chunk(mlp, tokens)
+
+
+def _chunk(mlp: torch.nn.Module, tokens: int) -> None:
+    def forward(hidden: torch.Tensor) -> torch.Tensor:  # (B, S, D)
+        run = partial(type(mlp).forward, mlp)  # looked up per call, as in _wrap
+        if not (mlp.training and torch.is_grad_enabled()) or hidden.shape[:-1].numel() <= tokens:
+            return run(hidden)
+        parts = hidden.reshape(-1, hidden.shape[-1]).split(tokens)  # (tokens, D) each, rows of the batch joined
+        out = torch.cat([checkpoint(run, part, use_reentrant=False) for part in parts])
+        return out.view(*hidden.shape[:-1], out.shape[-1])
+
+    mlp.forward = forward
 
 
 def _check_save_attention(model: PreTrainedModel, mode: str, offload: bool) -> None:

@@ -30,7 +30,7 @@ from legalpt.data.stream import StreamedData, format_stream_stats, prepare_strea
 from legalpt.eval.perplexity import heldout_loss
 from legalpt.model import build_model, count_parameters
 from legalpt.runtime import agree_on_run_dir, export_dir, log_on_main_process_only
-from legalpt.train.activations import apply_activation_checkpointing
+from legalpt.train.activations import apply_activation_checkpointing, chunk_mlps
 from legalpt.train.checkpoint import (
     export_model,
     load_checkpoint,
@@ -235,6 +235,8 @@ def build_train_model(cfg: Config, data: PreparedData | StreamedData, accelerato
     apply_activation_checkpointing(
         model, tc.activation_checkpointing, tc.checkpoint_every, tc.offload_activations, tc.save_attention
     )
+    if tc.mlp_chunk_tokens:
+        chunk_mlps(model, tc.mlp_chunk_tokens)
     if tc.loss_impl != "plain":
         use_loss(model, tc.loss_impl, tc.loss_chunk_tokens)
     if tc.compile:  # after checkpointing, which runs inside the compiled layers; before DDP's or FSDP's wrappers

@@ -13,7 +13,7 @@ from legalpt.config import ConfigError, TrainConfig, compose, to_config
 from legalpt.data.pack import collate_packed
 from legalpt.data.tokenizer import train_bpe
 from legalpt.model import build_model
-from legalpt.train.activations import ATTENTION_OPS, apply_activation_checkpointing
+from legalpt.train.activations import ATTENTION_OPS, apply_activation_checkpointing, chunk_mlps
 
 MODES = [("full", 1), ("selective", 2), ("selective", 3), ("attention", 1)]
 
@@ -104,6 +104,48 @@ def test_checkpointing_saves_less_for_backward(rng, model):
     assert saved["attention", 1] < saved["none", 1]
 
 
+@pytest.mark.parametrize(("mode", "save_attention"), [("none", False), ("full", False), ("selective", True)])
+@pytest.mark.parametrize("tokens", [7, 48])
+def test_chunked_mlps_give_the_loss_and_gradients_of_whole_rows(rng, model, mode, save_attention, tokens):
+    """train.mlp_chunk_tokens, alone and inside recomputed layers: 7 leaves a short last chunk, 48 is one row."""
+    batch = packed_batch(rng, model.config.vocab_size)
+    chunked = copy.deepcopy(model)  # before wrapping: a copied wrapper would still run the original's layers
+    for candidate in (model, chunked):
+        apply_activation_checkpointing(candidate, mode, save_attention=save_attention)
+    chunk_mlps(chunked, tokens)
+    expected_loss, expected_grads = loss_and_grads(model, batch)
+    loss, grads = loss_and_grads(chunked, batch)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=0)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert list(chunked.state_dict()) == list(model.state_dict())
+
+
+def test_chunked_mlps_save_less_for_backward(rng, model):
+    """Without checkpointing an MLP saves its intermediates (three times its width per token); chunked, its input."""
+    batch = packed_batch(rng, model.config.vocab_size)
+    chunked = copy.deepcopy(model)
+    chunk_mlps(chunked, 16)
+    hidden, width = model.config.hidden_size, model.config.intermediate_size
+    tokens, floats = batch["input_ids"].numel(), 4 * model.config.num_hidden_layers
+    assert saved_bytes(model, batch) - saved_bytes(chunked, batch) >= tokens * floats * (3 * width - hidden)
+
+
+def test_chunked_mlps_run_whole_rows_in_evaluation(rng, model):
+    batch = packed_batch(rng, model.config.vocab_size)
+    chunked = copy.deepcopy(model)
+    chunk_mlps(chunked, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(chunked.eval()(**batch).logits, model.eval()(**batch).logits, rtol=0, atol=0)
+
+
+def test_bad_mlp_chunks_are_named(model):
+    with pytest.raises(ConfigError, match=r"^train\.mlp_chunk_tokens: expected"):
+        TrainConfig(mlp_chunk_tokens=-1).validate()
+    with pytest.raises(ValueError, match=r"^train\.mlp_chunk_tokens: expected"):
+        chunk_mlps(model, 0)
+
+
 class CountAttention(TorchDispatchMode):
     """Counts the attention ops that run (an op whose output selective checkpointing saved does not run again)."""
 
@@ -180,6 +222,29 @@ def test_offloading_moves_saved_activations_off_the_gpu(rng, model, mode):
     torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=0)
     for grad, expected in zip(results[True][1], results[False][1], strict=True):
         torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.cuda
+def test_chunked_mlps_lower_the_peak_of_recomputed_layers(rng, model):
+    """Under full checkpointing the peak is one layer's recompute, most of it the MLP's intermediates: chunks of 256
+    tokens hold a fraction of them (tokens x intermediate x 4 bytes each, float32 here)."""
+    model = model.cuda()
+    batch = packed_batch(rng, model.config.vocab_size, seq_len=4096)
+    batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch.items()}
+    peaks, results = {}, {}
+    for tokens in (0, 256):
+        candidate = copy.deepcopy(model)
+        apply_activation_checkpointing(candidate, "full")
+        if tokens:
+            chunk_mlps(candidate, tokens)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        results[tokens] = loss_and_grads(candidate, batch)
+        peaks[tokens] = torch.cuda.max_memory_allocated() - before
+    intermediate = batch["input_ids"].numel() * model.config.intermediate_size * 4
+    assert peaks[0] - peaks[256] >= intermediate
+    torch.testing.assert_close(results[256][0], results[0][0], rtol=1e-6, atol=0)
 
 
 def test_a_model_without_decoder_layers_is_refused():
@@ -263,7 +328,7 @@ def test_trainer_with_checkpointing_and_chunked_loss_resumes_exactly(tmp_path, t
         ]  # fmt: skip
 
     memory = ("train.activation_checkpointing=selective", "train.save_attention=true", "train.loss_impl=chunked",
-              "train.loss_chunk_tokens=100")  # fmt: skip
+              "train.loss_chunk_tokens=100", "train.mlp_chunk_tokens=60")  # fmt: skip
     default = trainer.train(compose("train", overrides("default")))
     straight = trainer.train(compose("train", overrides("straight", *memory)))
     for (step, loss), (expected_step, expected) in zip(straight.eval_losses, default.eval_losses, strict=True):

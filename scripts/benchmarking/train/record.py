@@ -8,12 +8,14 @@ longest: per searched setting, the longest seq_len that trained and the shortest
 
 from __future__ import annotations
 
-SETTING_FIELDS = ("model", "attention", "activation_checkpointing", "save_attention", "loss_impl", "compile", "gpus")
+SETTING_FIELDS = ("model", "attention", "activation_checkpointing", "save_attention", "offload_activations",
+                  "mlp_chunk_tokens", "loss_impl", "compile", "gpus")  # fmt: skip
 ROW_KEY = (*SETTING_FIELDS, "seq_len", "batch_size")
 BASELINE = "sdpa"  # the attention the ratios are against (transformers' sdpa, documents kept apart)
 
 
-ABSENT = {"save_attention": False}  # what a field means in records from before it: rows merge with their redone jobs
+# what a field means in records from before it: rows merge with their redone jobs
+ABSENT = {"save_attention": False, "offload_activations": False, "mlp_chunk_tokens": 0}
 
 
 def key(row: dict, fields: tuple[str, ...] = ROW_KEY) -> tuple:
@@ -49,10 +51,16 @@ def _union(old: list[dict], new: list[dict], fields: tuple[str, ...]) -> list[di
 
 
 def options(row: dict) -> str:
-    """A row's trainer options in one cell: activation checkpointing (+ saved attention) / loss / compile."""
+    """A row's trainer options in one cell: activation checkpointing (+ saved attention, offloaded, MLP chunks) /
+    loss / compile."""
     compiled = {True: "compiled", False: "eager", None: "–"}[row["compile"]]
-    saved = " + saved attention" if row.get("save_attention") else ""  # records from before the option lack it
-    return f"{row['activation_checkpointing'] or '–'}{saved} / {row['loss_impl'] or '–'} / {compiled}"
+    extras = [  # records from before these options lack them
+        "saved attention" if row.get("save_attention") else "",
+        "offloaded" if row.get("offload_activations") else "",
+        f"MLP in {row['mlp_chunk_tokens']}" if row.get("mlp_chunk_tokens") else "",
+    ]
+    ckpt = " + ".join([row["activation_checkpointing"] or "–", *filter(None, extras)])
+    return f"{ckpt} / {row['loss_impl'] or '–'} / {compiled}"
 
 
 def format_rows(rows: list[dict]) -> str:

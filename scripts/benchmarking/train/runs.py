@@ -1,15 +1,16 @@
 """One benchmarked training job: `legalpt-train` with Hydra overrides in a fresh process, so that a CUDA
 out-of-memory leaves nothing behind for the next job, and the row read from the job's metrics.jsonl.
 
-A row is {attention, model, seq_len, batch_size, gpus, activation_checkpointing, save_attention, compile, loss_impl,
-steps, tokens_per_s, mfu, peak_gib, oom, error}, and with --profile its `profile` (legalpt.train.profiling's summary).
-The four options are the values the job ran with (its composed config), null where this tree's config has no such
-field; an option the benchmark was not given is not overridden, so the script runs on trees from before and after
-the options exist (those with `train.eval_every=0`, which every job sets: held-out evaluation measures nothing here
-and costs a step's time at long seq_lens). tokens_per_s and mfu are medians over the steps after the first `warmup`
-(train.log_every=1 makes each step its own window), peak_gib the largest peak; a metric the trainer does not log
-(MFU and peak memory on a CPU) is null. oom: the job failed out of memory (CUDA's error, or a SIGKILL, as
-the host's OOM killer sends); error: the last error line of any other failure, or the timeout.
+A row is {attention, model, seq_len, batch_size, gpus, activation_checkpointing, save_attention, offload_activations,
+mlp_chunk_tokens, compile, loss_impl, steps, tokens_per_s, mfu, peak_gib, oom, error}, and with --profile its
+`profile` (legalpt.train.profiling's summary). The six options are the values the job ran with (its composed
+config), null where this tree's config has no such field; an option the benchmark was not given is not overridden,
+so the script runs on trees from before and after the options exist (those with `train.eval_every=0`, which every
+job sets: held-out evaluation measures nothing here and costs a step's time at long seq_lens). tokens_per_s and mfu
+are medians over the steps after the first `warmup` (train.log_every=1 makes each step its own window), peak_gib the
+largest peak; a metric the trainer does not log (MFU and peak memory on a CPU) is null. oom: the job failed out of
+memory (CUDA's error, or a SIGKILL, as the host's OOM killer sends); error: the last error line of any other
+failure, or the timeout.
 
 A job's packed data is built before it, untimed, by `legalpt-prepare` (once per data configuration), so that the
 timeout and the first steps measure training alone.
@@ -39,7 +40,9 @@ from legalpt.data.demo import MAX_CHARS, MIN_CHARS
 ROOT = Path(__file__).resolve().parents[3]
 CHARS_PER_TOKEN = 6  # characters of a joined demo document per token it must hold (the demo BPE makes ~4.9)
 DOCUMENTS_PER_KIND = 3  # joined documents of each kind (contract, opinion): one is held out, the rest trained on
-OPTIONS = ("activation_checkpointing", "save_attention", "loss_impl", "compile")  # train.* a setting may override
+OPTIONS = (  # train.* a setting may override
+    "activation_checkpointing", "save_attention", "offload_activations", "mlp_chunk_tokens", "loss_impl", "compile",
+)  # fmt: skip
 _OOM = re.compile(r"out of memory|OutOfMemoryError|SIGKILL", re.IGNORECASE)
 _TAIL_CHARS = 20_000  # of a job's output, kept to tell an OOM from another failure
 PREPARE_TIMEOUT_S = 3600  # for legalpt-prepare, which tokenizes and packs before the timed job
@@ -57,6 +60,8 @@ class Setting:
     loss_impl: str | None = None
     compile: bool | None = None
     save_attention: bool | None = None
+    offload_activations: bool | None = None
+    mlp_chunk_tokens: int | None = None
     gpus: int = 1  # processes (one GPU each)
 
     def overrides(self) -> list[str]:
