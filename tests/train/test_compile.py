@@ -22,17 +22,19 @@ from legalpt.config import ConfigError, TrainConfig, compose
 from legalpt.data.pack import collate_packed
 from legalpt.data.tokenizer import train_bpe
 from legalpt.model import build_model
-from legalpt.train.activations import ATTENTION_OPS, apply_activation_checkpointing
+from legalpt.train.activations import ATTENTION_OPS, apply_activation_checkpointing, chunk_mlps
 from legalpt.train.compile import compile_decoder_layers
 
 LAYERS = 3
-CASES = [  # attn_implementation, activation_checkpointing, save_attention
-    ("legalpt", "none", False),
-    ("legalpt", "full", False),
-    ("legalpt", "full", True),
-    ("legalpt", "selective", False),
-    ("legalpt", "attention", False),
-    ("sdpa", "none", False),
+CASES = [  # attn_implementation, activation_checkpointing, save_attention, mlp_chunk_tokens
+    ("legalpt", "none", False, 0),
+    ("legalpt", "full", False, 0),
+    ("legalpt", "full", True, 0),
+    ("legalpt", "selective", False, 0),
+    ("legalpt", "attention", False, 0),
+    ("sdpa", "none", False, 0),
+    ("legalpt", "none", False, 16),
+    ("legalpt", "full", False, 16),
 ]
 LEGALPT_OPS = {torch.ops.legalpt.attention_forward, torch.ops.legalpt.attention_forward.default}
 
@@ -74,16 +76,19 @@ def packed_batch(rng, vocab: int, doc_lens: list[list[int]]) -> dict:
 
 
 def models_for(
-    tiny_model_config, tokenizer, attn_implementation: str, checkpointing: str, copies: int = 1, save: bool = False
-):
+    tiny_model_config, tokenizer, attn_implementation: str, checkpointing: str, copies: int = 1, save: bool = False,
+    mlp_chunks: int = 0,
+):  # fmt: skip
     """`copies` equal tiny Llamas (in train mode), each checkpointed by `checkpointing` (`save`: keeping attention's
-    outputs) after copying: a copy would share its original's checkpointing closures, which hold the original's
-    layers."""
+    outputs; `mlp_chunks`: train.mlp_chunk_tokens, 0 = off) after copying: a copy would share its original's
+    checkpointing closures, which hold the original's layers."""
     config = tiny_model_config(num_layers=LAYERS, attn_implementation=attn_implementation, attention_backend="auto")
     model = build_model(config, tokenizer).train()
     models = [model, *(copy.deepcopy(model) for _ in range(copies - 1))]
     for each in models:
         apply_activation_checkpointing(each, checkpointing, every=2, save_attention=save)
+        if mlp_chunks:
+            chunk_mlps(each, mlp_chunks)
     return models
 
 
@@ -94,15 +99,16 @@ def loss_and_grads(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]
     return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize(("attn_implementation", "checkpointing", "save_attention"), CASES)
+@pytest.mark.parametrize(("attn_implementation", "checkpointing", "save_attention", "mlp_chunks"), CASES)
 def test_compiled_layers_are_one_graph_each_and_train_as_eager(
-    rng, tiny_model_config, tokenizer, attn_implementation, checkpointing, save_attention
+    rng, tiny_model_config, tokenizer, attn_implementation, checkpointing, save_attention, mlp_chunks
 ):
     """Layers of one kind share one graph (selective checkpointing makes two kinds), Dynamo breaks none, legalpt
     attention sits in it as the custom op, and loss and gradients equal the eager model's."""
     eager, compiled = models_for(
-        tiny_model_config, tokenizer, attn_implementation, checkpointing, copies=2, save=save_attention
-    )
+        tiny_model_config, tokenizer, attn_implementation, checkpointing, copies=2, save=save_attention,
+        mlp_chunks=mlp_chunks,
+    )  # fmt: skip
     backend = RecordingBackend()
     compile_decoder_layers(compiled, backend=backend)
     batch = packed_batch(rng, eager.config.vocab_size, [[30, 2, 16], [9, 20, 19]])
