@@ -254,7 +254,7 @@ def same(job: dict, setting: dict) -> bool:
 def report(row: dict) -> None:
     """One line per finished job, as it finishes."""
     if row["oom"]:
-        result = "out of memory"
+        result = f"out of memory: {row['error']}"
     elif row["error"]:
         result = f"failed: {row['error']}"
     else:

@@ -123,6 +123,7 @@ def test_an_oom_is_recorded_and_the_search_brackets_the_capacity(fake_bench, tmp
     tries = record["search"]
     assert all(t["oom"] == (t["seq_len"] > capacity[t["attention"]]) for t in tries)
     assert all(t["oom"] and t["tokens_per_s"] is None for t in tries if t["seq_len"] > capacity[t["attention"]])
+    assert all(t["error"] == OOM for t in tries if t["oom"])  # which memory ran out, and the allocation
     assert all(t["steps"] == 2 and t["batch_size"] == 1 for t in tries)
     measured = {(r["attention"], r["seq_len"]) for r in record["rows"]}
     assert not {(t["attention"], t["seq_len"]) for t in tries} & measured  # the rows' jobs are not run again
@@ -250,8 +251,9 @@ def test_a_bad_option_stops_before_any_job(fake_bench, tmp_path):
 def test_how_a_job_ended(bench):
     runs = sys.modules["benchmarking.train.runs"]
     assert runs.failure(runs.Outcome(0, OOM), 60) == (False, None)  # a message alone is not a failure
-    assert runs.failure(runs.Outcome(1, OOM), 60) == (True, None)
-    assert runs.failure(runs.Outcome(-signal.SIGKILL, ""), 60) == (True, None)  # the host's OOM killer
+    assert runs.failure(runs.Outcome(1, f"step 1\n{OOM}\n"), 60) == (True, OOM)  # which memory, what allocation
+    oom, error = runs.failure(runs.Outcome(-signal.SIGKILL, ""), 60)  # the host's OOM killer says nothing
+    assert oom and "SIGKILL" in error
     assert runs.failure(runs.Outcome(None, ""), 60) == (False, "stopped at the timeout (60 s)")
     assert runs.failure(runs.Outcome(2, "a\nKeyError: 'x'\nb\n"), 60) == (False, "KeyError: 'x'")
 

@@ -10,7 +10,7 @@ job sets: held-out evaluation measures nothing here and costs a step's time at l
 are medians over the steps after the first `warmup` (train.log_every=1 makes each step its own window), peak_gib the
 largest peak; a metric the trainer does not log (MFU and peak memory on a CPU) is null. oom: the job failed out of
 memory (CUDA's error, or a SIGKILL, as the host's OOM killer sends); error: the last error line of any other
-failure, or the timeout.
+failure, or the timeout, and for an oom which memory ran out (CUDA's line, naming the allocation, or the SIGKILL).
 
 A job's packed data is built before it, untimed, by `legalpt-prepare` (once per data configuration), so that the
 timeout and the first steps measure training alone.
@@ -238,7 +238,8 @@ def failure(outcome: Outcome, timeout: float) -> tuple[bool, str | None]:
     if outcome.returncode == 0:
         return False, None
     if outcome.returncode == -signal.SIGKILL or _OOM.search(outcome.output):
-        return True, None
+        said = [line.strip() for line in outcome.output.splitlines() if _OOM.search(line)]
+        return True, (said[-1] if said else "killed by SIGKILL (the host's memory?)")[:300]
     lines = [line.strip() for line in outcome.output.splitlines() if line.strip()]
     errors = [line for line in lines if re.search(r"Error|Exception", line)]
     return False, ((errors or lines or [f"exit status {outcome.returncode}"])[-1])[:300]
