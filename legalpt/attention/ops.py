@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from legalpt.attention import backends
 from legalpt.attention.backends.base import AttentionBatch
@@ -44,7 +45,14 @@ class KernelBackend(ABC):
 
 
 def attention(batch: AttentionBatch, backend: str) -> tuple[Tensor, Tensor]:
-    """Differentiable attention through the custom op: (out like q, logsumexp float32)."""
+    """Differentiable attention through the custom op: (out like q, logsumexp float32).
+
+    Eager calls that need no gradient (generation, evaluation) run the backend's forward directly: the op's dispatch
+    (its arguments flattened and rebuilt, the autograd and no-grad redispatch) costs more host time than a decoding
+    step's kernel. Tracing, compilation and dispatch modes still see the op."""
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (batch.q, batch.k, batch.v))
+    if not (needs_grad or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None):
+        return _kernels(backend).forward(batch)
     inputs = (*batch.op_args(), backend)
     if torch.compiler.is_compiling():  # the op itself: one opaque node, and Dynamo refuses a tensor passed twice
         return torch.ops.legalpt.attention_forward(*inputs)  # (as cu_seqlens_q and _k) to an autograd.Function

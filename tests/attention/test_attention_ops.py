@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from legalpt.attention import flash_attn_func, flash_attn_varlen_func, ops
 from legalpt.attention.backends import AttentionBatch
@@ -52,6 +53,40 @@ def test_eager_autograd_matches_the_ops_registered_one(varlen):
     assert all(torch.equal(a, b) for a, b in zip(eager, registered, strict=True))
     grads = [torch.autograd.grad((out * out.detach()).sum() + lse.sum(), (q, k, v)) for out, lse in (eager, registered)]
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_calls_without_gradients_skip_the_op_but_not_under_a_dispatch_mode(varlen, monkeypatch):
+    """Inference (no input needs a gradient, or grad mode off) runs the backend directly, with the op's results bit
+    for bit; a dispatch mode (a tracer, a profiler of ops) still sees the op."""
+    args = _forward_args(varlen)
+    *batch_args, backend = args
+    batch = AttentionBatch.from_op_args(*batch_args)
+    detached = AttentionBatch.from_op_args(*(x.detach() if torch.is_tensor(x) else x for x in batch_args))
+    registered = torch.ops.legalpt.attention_forward(*args)
+    with _OpCalls() as calls, torch.no_grad():
+        ops.attention(batch, backend)
+    assert calls.count == 1
+
+    def refuse(*args):
+        raise AssertionError("the op's autograd ran for a call that needs no gradient")
+
+    monkeypatch.setattr(ops._Attention, "apply", refuse)
+    for run in (lambda: ops.attention(detached, backend), torch.no_grad()(lambda: ops.attention(batch, backend))):
+        out, lse = run()
+        assert torch.equal(out, registered[0]) and torch.equal(lse, registered[1]) and out.grad_fn is None
+
+
+class _OpCalls(TorchDispatchMode):
+    """Counts legalpt::attention_forward calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.legalpt.attention_forward.default
+        return func(*args, **(kwargs or {}))
 
 
 def _loss(fn, *args, **kw):
