@@ -70,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--offload-activations", nargs="+", choices=("true", "false"),
                         help="train.offload_activations values")  # fmt: skip
     parser.add_argument("--mlp-chunk-tokens", type=int, nargs="+", help="train.mlp_chunk_tokens values")
+    parser.add_argument("--precision", nargs="+", choices=("autocast", "bf16-fsdp"),
+                        help="train.precision values (bf16-fsdp: FSDP2; one GPU as a one-rank job)")  # fmt: skip
     parser.add_argument("--gpus", type=int, default=1, help="processes, one GPU each (accelerate launch when > 1)")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps of a row's job")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of tokens/s and MFU")
@@ -117,7 +119,7 @@ def settings(args: argparse.Namespace) -> list[Setting]:
     offloaded = [value == "true" for value in args.offload_activations] if args.offload_activations else [None]
     grid = itertools.product(
         args.models, args.activation_checkpointing or [None], saved, offloaded, args.mlp_chunk_tokens or [None],
-        args.loss_impl or [None], compiled, args.attention,
+        args.precision or [None], args.loss_impl or [None], compiled, args.attention,
     )  # fmt: skip
     return [
         Setting(
@@ -129,9 +131,10 @@ def settings(args: argparse.Namespace) -> list[Setting]:
             save_attention=save,
             offload_activations=offload,
             mlp_chunk_tokens=chunk,
+            precision=precision,
             gpus=args.gpus,
         )
-        for model, ckpt, save, offload, chunk, loss, comp, attention in grid
+        for model, ckpt, save, offload, chunk, precision, loss, comp, attention in grid
     ]
 
 

@@ -10,8 +10,8 @@ import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 ROW_KEYS = {"attention", "model", "seq_len", "batch_size", "gpus", "activation_checkpointing", "save_attention",
-            "offload_activations", "mlp_chunk_tokens", "compile", "loss_impl", "steps", "tokens_per_s", "mfu",
-            "peak_gib", "oom", "error", "vs_sdpa"}  # fmt: skip
+            "offload_activations", "mlp_chunk_tokens", "precision", "compile", "loss_impl", "steps", "tokens_per_s",
+            "mfu", "peak_gib", "oom", "error", "vs_sdpa"}  # fmt: skip
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 PROFILE = {"steps": 2, "wall_ms": 10.0, "device_busy_ms": 9.0, "kernel_ms": {"attention": 5.0, "matmul": 3.0},
            "longest_kernels_ms": {"fwd_kernel": 5.0}}  # fmt: skip
@@ -230,15 +230,22 @@ def test_saved_attention_rows_stand_beside_plain_ones(fake_bench, tmp_path):
 
 
 def test_memory_options_name_their_rows(fake_bench, tmp_path):
-    """--offload-activations and --mlp-chunk-tokens: overridden in each job, recorded in its row, shown in the table."""
+    """--offload-activations, --mlp-chunk-tokens and --precision: overridden in each job, recorded in its row, shown
+    in the table; bf16 parameters run under FSDP2, one GPU as a one-rank torchrun job."""
     fake = FakeTrainer({"legalpt": 3000, "sdpa": 3000}, {"legalpt": 1.0, "sdpa": 1.0})
-    more = ["--activation-checkpointing", "full", "--offload-activations", "true", "--mlp-chunk-tokens", "0", "64"]
+    more = ["--activation-checkpointing", "full", "--offload-activations", "true", "--mlp-chunk-tokens", "0", "64",
+            "--precision", "autocast", "bf16-fsdp"]  # fmt: skip
     assert fake_bench.main(fake_args(tmp_path, *more), runner=fake) == 0
     rows = _record(tmp_path)["rows"]
-    assert {(r["offload_activations"], r["mlp_chunk_tokens"]) for r in rows} == {(True, 0), (True, 64)}
-    assert {"train.offload_activations=true", "train.mlp_chunk_tokens=64"} <= set(fake.commands[-1])
+    assert {(r["offload_activations"], r["mlp_chunk_tokens"], r["precision"]) for r in rows} == {
+        (True, chunk, precision) for chunk in (0, 64) for precision in ("autocast", "bf16-fsdp")
+    }
+    last = fake.commands[-1]
+    assert {"train.offload_activations=true", "train.mlp_chunk_tokens=64", "train.precision=bf16-fsdp"} <= set(last)
+    assert "train.distributed=fsdp2" in last and "torch.distributed.run" in last and "--nproc-per-node=1" in last
+    assert not any("torch.distributed.run" in c or "train.distributed=fsdp2" in c for c in fake.commands[0])
     options = sys.modules["benchmarking.train.record"].options
-    assert options(rows[-1]).startswith("full + offloaded + MLP in 64 / ")
+    assert options(rows[-1]).startswith("full + offloaded + MLP in 64 + bf16 parameters / ")
 
 
 def test_a_bad_option_stops_before_any_job(fake_bench, tmp_path):

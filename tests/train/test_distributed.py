@@ -54,6 +54,21 @@ def test_a_launch_split_into_separate_jobs_stops_before_the_run_folder(tmp_path,
     assert not run_dir.exists()
 
 
+def test_bf16_parameters_in_an_unlaunched_process_are_refused(tmp_path):
+    """bf16-fsdp needs FSDP2's process group: a plain process would autocast float32 parameters instead, so it stops
+    and names the one-rank launch (in its own process: accelerate's state is one per process)."""
+    run_dir = tmp_path / "run"
+    code = "import sys; from legalpt.cli import train_main; sys.argv[0] = 'legalpt-train'; train_main()"
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"} | {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    precision = ["train.distributed=fsdp2", "train.precision=bf16-fsdp", f"train.output_dir={run_dir}"]
+    args = [sys.executable, "-c", code, *tiny_overrides(tmp_path, *precision)]
+    result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "train.precision: bf16-fsdp needs FSDP2" in last and "torchrun --standalone --nproc-per-node 1" in last
+    assert not (run_dir / "checkpoints").exists()
+
+
 def test_legalpt_train_stops_a_split_launch_before_hydra_makes_the_run_folder(tmp_path):
     """The console script: Hydra would create the run folder (its config, train.log) before the command runs."""
     run_dir = tmp_path / "run"

@@ -9,13 +9,13 @@ longest: per searched setting, the longest seq_len that trained and the shortest
 from __future__ import annotations
 
 SETTING_FIELDS = ("model", "attention", "activation_checkpointing", "save_attention", "offload_activations",
-                  "mlp_chunk_tokens", "loss_impl", "compile", "gpus")  # fmt: skip
+                  "mlp_chunk_tokens", "precision", "loss_impl", "compile", "gpus")  # fmt: skip
 ROW_KEY = (*SETTING_FIELDS, "seq_len", "batch_size")
 BASELINE = "sdpa"  # the attention the ratios are against (transformers' sdpa, documents kept apart)
 
 
 # what a field means in records from before it: rows merge with their redone jobs
-ABSENT = {"save_attention": False, "offload_activations": False, "mlp_chunk_tokens": 0}
+ABSENT = {"save_attention": False, "offload_activations": False, "mlp_chunk_tokens": 0, "precision": "autocast"}
 
 
 def key(row: dict, fields: tuple[str, ...] = ROW_KEY) -> tuple:
@@ -58,6 +58,7 @@ def options(row: dict) -> str:
         "saved attention" if row.get("save_attention") else "",
         "offloaded" if row.get("offload_activations") else "",
         f"MLP in {row['mlp_chunk_tokens']}" if row.get("mlp_chunk_tokens") else "",
+        "bf16 parameters" if row.get("precision") == "bf16-fsdp" else "",
     ]
     ckpt = " + ".join([row["activation_checkpointing"] or "–", *filter(None, extras)])
     return f"{ckpt} / {row['loss_impl'] or '–'} / {compiled}"

@@ -2,8 +2,8 @@
 out-of-memory leaves nothing behind for the next job, and the row read from the job's metrics.jsonl.
 
 A row is {attention, model, seq_len, batch_size, gpus, activation_checkpointing, save_attention, offload_activations,
-mlp_chunk_tokens, compile, loss_impl, steps, tokens_per_s, mfu, peak_gib, oom, error}, and with --profile its
-`profile` (legalpt.train.profiling's summary). The six options are the values the job ran with (its composed
+mlp_chunk_tokens, precision, compile, loss_impl, steps, tokens_per_s, mfu, peak_gib, oom, error}, and with --profile
+its `profile` (legalpt.train.profiling's summary). The seven options are the values the job ran with (its composed
 config), null where this tree's config has no such field; an option the benchmark was not given is not overridden,
 so the script runs on trees from before and after the options exist (those with `train.eval_every=0`, which every
 job sets: held-out evaluation measures nothing here and costs a step's time at long seq_lens). tokens_per_s and mfu
@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parents[3]
 CHARS_PER_TOKEN = 6  # characters of a joined demo document per token it must hold (the demo BPE makes ~4.9)
 DOCUMENTS_PER_KIND = 3  # joined documents of each kind (contract, opinion): one is held out, the rest trained on
 OPTIONS = (  # train.* a setting may override
-    "activation_checkpointing", "save_attention", "offload_activations", "mlp_chunk_tokens", "loss_impl", "compile",
+    "activation_checkpointing", "save_attention", "offload_activations", "mlp_chunk_tokens", "precision", "loss_impl",
+    "compile",
 )  # fmt: skip
 _OOM = re.compile(r"out of memory|OutOfMemoryError|SIGKILL", re.IGNORECASE)
 _TAIL_CHARS = 20_000  # of a job's output, kept to tell an OOM from another failure
@@ -62,12 +63,14 @@ class Setting:
     save_attention: bool | None = None
     offload_activations: bool | None = None
     mlp_chunk_tokens: int | None = None
+    precision: str | None = None  # train.precision; bf16-fsdp runs under FSDP2 (train.distributed=fsdp2)
     gpus: int = 1  # processes (one GPU each)
 
     def overrides(self) -> list[str]:
         given = {name: getattr(self, name) for name in OPTIONS if getattr(self, name) is not None}
         options = [f"train.{name}={str(value).lower()}" for name, value in given.items()]
-        return [f"model={self.model}", f"model.attn_implementation={self.attention}", *options]
+        sharded = ["train.distributed=fsdp2"] if self.precision == "bf16-fsdp" else []
+        return [f"model={self.model}", f"model.attn_implementation={self.attention}", *options, *sharded]
 
 
 @dataclass
@@ -116,9 +119,13 @@ def installed(command: str) -> str:
     return path
 
 
-def launcher(gpus: int) -> list[str]:
-    """The command that starts `legalpt-train` on `gpus` GPUs (one process, or accelerate's launcher)."""
+def launcher(gpus: int, process_group: bool = False) -> list[str]:
+    """The command that starts `legalpt-train` on `gpus` GPUs: one process, or accelerate's launcher; `process_group`:
+    one GPU as a one-rank job (torchrun), as FSDP2's bf16 parameters need."""
     train = installed("legalpt-train")
+    if gpus == 1 and process_group:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+        return [*torchrun, "--no-python", train]
     if gpus == 1:
         return [train]
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={gpus}", train]
@@ -172,9 +179,12 @@ class Jobs:
         profile = self.profile if profiled else 0
         if profile:
             overrides += [f"train.profile_start={self.warmup}", f"train.profile_steps={profile}"]
-        env = {**os.environ, "HYDRA_FULL_ERROR": "1", **({"CUDA_VISIBLE_DEVICES": ""} if self.device == "cpu" else {})}
+        # on a CPU, accelerate joins a launched job's processes only when told to use the CPU
+        cpu = {"CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "true"} if self.device == "cpu" else {}
+        env = {**os.environ, "HYDRA_FULL_ERROR": "1", **cpu}
         self.prepare(overrides, env, run_dir.with_suffix(".prepare.log"))
-        outcome = self.runner([*launcher(setting.gpus), *overrides], env, self.timeout, run_dir.with_suffix(".log"))
+        command = [*launcher(setting.gpus, options["precision"] == "bf16-fsdp"), *overrides]
+        outcome = self.runner(command, env, self.timeout, run_dir.with_suffix(".log"))
         metrics = read_metrics(run_dir / "metrics.jsonl", self.warmup + profile)
         self.peak = metrics.pop("peak") or self.peak
         summary = run_dir / "profile" / "summary-rank0.json"
