@@ -225,10 +225,11 @@ def test_offloading_moves_saved_activations_off_the_gpu(rng, model, mode):
 
 
 @pytest.mark.cuda
-def test_chunked_mlps_lower_the_peak_of_recomputed_layers(rng, model):
-    """Under full checkpointing the peak is one layer's recompute, most of it the MLP's intermediates: chunks of 256
-    tokens hold a fraction of them (tokens x intermediate x 4 bytes each, float32 here)."""
-    model = model.cuda()
+def test_chunked_mlps_lower_the_peak_of_recomputed_layers(rng, tiny_model_config, tokenizer):
+    """Under full checkpointing the peak is one layer's recompute, most of it the MLP's intermediates (an MLP wider
+    than the logits of the 300-token vocabulary makes them the peak): chunks of 256 tokens hold a fraction of them
+    (tokens x intermediate x 4 bytes each, float32 here)."""
+    model = build_model(tiny_model_config(num_layers=5, intermediate_size=1024), tokenizer).train().cuda()
     batch = packed_batch(rng, model.config.vocab_size, seq_len=4096)
     batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch.items()}
     peaks, results = {}, {}
