@@ -49,9 +49,11 @@ def attention(batch: AttentionBatch, backend: str) -> tuple[Tensor, Tensor]:
 
     Eager calls that need no gradient (generation, evaluation) run the backend's forward directly: the op's dispatch
     (its arguments flattened and rebuilt, the autograd and no-grad redispatch) costs more host time than a decoding
-    step's kernel. Tracing, compilation and dispatch modes still see the op."""
+    step's kernel. Tracing, compilation, dispatch modes and meta tensors (the op's fake implementation) still see the
+    op."""
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (batch.q, batch.k, batch.v))
-    if not (needs_grad or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None):
+    traced = torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None or batch.q.is_meta
+    if not (needs_grad or traced):
         return _kernels(backend).forward(batch)
     inputs = (*batch.op_args(), backend)
     if torch.compiler.is_compiling():  # the op itself: one opaque node, and Dynamo refuses a tensor passed twice

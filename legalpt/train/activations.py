@@ -14,7 +14,10 @@ for backward to (pinned) CPU memory as it is saved and back when backward needs 
 What then bounds the longest rows is the one layer that backward recomputes at a time, and most of it is the MLP's
 intermediates, several times the hidden size per token. `train.mlp_chunk_tokens` runs each MLP over that many tokens
 at a time, each chunk checkpointed on its own: the MLP keeps only its input, and its backward recomputes one chunk's
-intermediates at a time (sequence tiling; the MLP sees each token alone, so the result is the same).
+intermediates at a time (sequence tiling; the MLP sees each token alone, so the result is the same). The price is one
+more MLP forward per step, and in a recomputed layer a third (the layer's recompute runs the chunks only to keep
+their inputs): small beside attention at the lengths that need it. Without gradients (evaluation, generation) the
+chunks run one after the other, recomputing nothing, so that evaluation fits wherever training does.
 
 Each module's `forward` is replaced on the instance and module hooks stay outside the checkpoint (as transformers'
 own gradient checkpointing does), so this is applied to the plain HF model before accelerate.prepare and composes with
@@ -78,24 +81,30 @@ def apply_activation_checkpointing(
 
 
 def chunk_mlps(model: PreTrainedModel, tokens: int) -> None:
-    """Run every decoder layer's MLP over `tokens` tokens at a time in training, each chunk recomputed in backward
-    (`train.mlp_chunk_tokens`), in place."""
+    """Run every decoder layer's MLP over `tokens` tokens at a time (`train.mlp_chunk_tokens`), each chunk recomputed
+    in backward, in place."""
     if tokens < 1:
         raise ValueError(f"train.mlp_chunk_tokens: expected an integer >= 1, got {tokens}")
     for layer in decoder_layers(model):
         mlp = getattr(layer, "mlp", None)
         if not isinstance(mlp, torch.nn.Module):
             raise ValueError(f"train.mlp_chunk_tokens: {type(layer).__name__} has no mlp module")
+        if hasattr(mlp, "experts"):  # a router's outputs and load-balancing statistics are per call, not per token
+            raise ValueError(f"train.mlp_chunk_tokens: expected dense MLPs, got the mixture of experts "
+                             f"{type(mlp).__name__}; use 0")  # fmt: skip
         _chunk(mlp, tokens)
 
 
 def _chunk(mlp: torch.nn.Module, tokens: int) -> None:
     def forward(hidden: torch.Tensor) -> torch.Tensor:  # (B, S, D)
         run = partial(type(mlp).forward, mlp)  # looked up per call, as in _wrap
-        if not (mlp.training and torch.is_grad_enabled()) or hidden.shape[:-1].numel() <= tokens:
+        if hidden.shape[:-1].numel() <= tokens:
             return run(hidden)
         parts = hidden.reshape(-1, hidden.shape[-1]).split(tokens)  # (tokens, D) each, rows of the batch joined
-        out = torch.cat([checkpoint(run, part, use_reentrant=False) for part in parts])
+        if torch.is_grad_enabled():
+            out = torch.cat([checkpoint(run, part, use_reentrant=False) for part in parts])
+        else:
+            out = torch.cat([run(part) for part in parts])
         return out.view(*hidden.shape[:-1], out.shape[-1])
 
     mlp.forward = forward

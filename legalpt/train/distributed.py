@@ -56,9 +56,9 @@ def build_accelerator(tc: TrainConfig, log_with: str | None) -> Accelerator:
     if plugin is not None and not accelerator.is_fsdp2:
         if tc.precision == "bf16-fsdp":  # accelerate would autocast float32 parameters instead: not what was asked
             raise ConfigError(
-                "train.precision: bf16-fsdp needs FSDP2 over a process group, and this process was not launched as "
-                "one; on one GPU, launch a one-rank job: torchrun --standalone --nproc-per-node 1 --no-python "
-                "legalpt-train ... (or use train.precision=autocast)"
+                "train.precision: bf16-fsdp needs FSDP2 over a process group, and accelerate joined this process "
+                "into none; on one GPU, launch a one-rank job: torchrun --standalone --nproc-per-node 1 --no-python "
+                "legalpt-train ... (without GPUs, with ACCELERATE_USE_CPU=true), or use train.precision=autocast"
             )
         log.warning("train.distributed=fsdp2 with one process: nothing to shard, the model trains unsharded")
     return accelerator

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import legalpt.train.activations as activations
 import legalpt.train.trainer as trainer
 from legalpt.config import ConfigError, TrainConfig, compose, to_config
 from legalpt.data.pack import collate_packed
@@ -131,12 +132,23 @@ def test_chunked_mlps_save_less_for_backward(rng, model):
     assert saved_bytes(model, batch) - saved_bytes(chunked, batch) >= tokens * floats * (3 * width - hidden)
 
 
-def test_chunked_mlps_run_whole_rows_in_evaluation(rng, model):
+def test_chunked_mlps_in_evaluation_recompute_nothing(rng, model, monkeypatch):
+    """Without gradients the chunks run in turn, with no checkpoint: the logits of whole rows."""
     batch = packed_batch(rng, model.config.vocab_size)
     chunked = copy.deepcopy(model)
     chunk_mlps(chunked, 5)
+    calls = []
+    monkeypatch.setattr(activations, "checkpoint", lambda *args, **kwargs: calls.append(args))
     with torch.no_grad():
-        torch.testing.assert_close(chunked.eval()(**batch).logits, model.eval()(**batch).logits, rtol=0, atol=0)
+        logits = chunked.eval()(**batch).logits
+        torch.testing.assert_close(logits, model.eval()(**batch).logits, rtol=1e-6, atol=1e-6)
+    assert calls == []
+
+
+def test_mixtures_of_experts_are_not_chunked(model):
+    model.model.layers[0].mlp.experts = torch.nn.ModuleList()
+    with pytest.raises(ValueError, match=r"^train\.mlp_chunk_tokens: expected dense MLPs"):
+        chunk_mlps(model, 16)
 
 
 def test_bad_mlp_chunks_are_named(model):

@@ -245,7 +245,7 @@ def test_memory_options_name_their_rows(fake_bench, tmp_path):
     assert "train.distributed=fsdp2" in last and "torch.distributed.run" in last and "--nproc-per-node=1" in last
     assert not any("torch.distributed.run" in c or "train.distributed=fsdp2" in c for c in fake.commands[0])
     options = sys.modules["benchmarking.train.record"].options
-    assert options(rows[-1]).startswith("full + offloaded + MLP in 64 + bf16 parameters / ")
+    assert options(rows[-1]).startswith("full + offloaded + MLP in 64-token chunks + bf16 parameters / ")
 
 
 def test_a_bad_option_stops_before_any_job(fake_bench, tmp_path):
@@ -263,6 +263,8 @@ def test_how_a_job_ended(bench):
     assert oom and "SIGKILL" in error
     assert runs.failure(runs.Outcome(None, ""), 60) == (False, "stopped at the timeout (60 s)")
     assert runs.failure(runs.Outcome(2, "a\nKeyError: 'x'\nb\n"), 60) == (False, "KeyError: 'x'")
+    torchrun = "ValueError: no kernel\nTraceback:\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    assert runs.failure(runs.Outcome(1, torchrun), 60) == (False, "ValueError: no kernel")  # the job's, not torchrun's
 
 
 def test_performance_table_renders_a_gpu_record(fake_bench, tmp_path, monkeypatch, load_script):

@@ -57,7 +57,7 @@ def options(row: dict) -> str:
     extras = [  # records from before these options lack them
         "saved attention" if row.get("save_attention") else "",
         "offloaded" if row.get("offload_activations") else "",
-        f"MLP in {row['mlp_chunk_tokens']}" if row.get("mlp_chunk_tokens") else "",
+        f"MLP in {row['mlp_chunk_tokens']}-token chunks" if row.get("mlp_chunk_tokens") else "",
         "bf16 parameters" if row.get("precision") == "bf16-fsdp" else "",
     ]
     ckpt = " + ".join([row["activation_checkpointing"] or "–", *filter(None, extras)])

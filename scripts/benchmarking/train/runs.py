@@ -45,6 +45,7 @@ OPTIONS = (  # train.* a setting may override
     "compile",
 )  # fmt: skip
 _OOM = re.compile(r"out of memory|OutOfMemoryError|SIGKILL", re.IGNORECASE)
+_LAUNCHER_ERROR = re.compile(r"ChildFailedError|CalledProcessError")  # the launchers' own, after the job's
 _TAIL_CHARS = 20_000  # of a job's output, kept to tell an OOM from another failure
 PREPARE_TIMEOUT_S = 3600  # for legalpt-prepare, which tokenizes and packs before the timed job
 _TERM_GRACE_S = 30  # a timed-out job's seconds between SIGTERM (accelerate passes it on to ranks) and SIGKILL
@@ -251,5 +252,5 @@ def failure(outcome: Outcome, timeout: float) -> tuple[bool, str | None]:
         said = [line.strip() for line in outcome.output.splitlines() if _OOM.search(line)]
         return True, (said[-1] if said else "killed by SIGKILL (the host's memory?)")[:300]
     lines = [line.strip() for line in outcome.output.splitlines() if line.strip()]
-    errors = [line for line in lines if re.search(r"Error|Exception", line)]
+    errors = [line for line in lines if re.search(r"Error|Exception", line) and not _LAUNCHER_ERROR.search(line)]
     return False, ((errors or lines or [f"exit status {outcome.returncode}"])[-1])[:300]
