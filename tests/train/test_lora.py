@@ -26,7 +26,7 @@ from legalpt.data.pack import collate_packed
 from legalpt.data.pipeline import prepare
 from legalpt.eval.run import evaluate
 from legalpt.model import build_model
-from legalpt.train.activations import apply_activation_checkpointing
+from legalpt.train.activations import apply_activation_checkpointing, chunk_mlps
 from legalpt.train.checkpoint import CheckpointError, folder_bytes, latest_checkpoint, state_bytes
 from legalpt.train.compile import compile_decoder_layers, graph_breaks
 from legalpt.train.lora import adapter_dir, add_adapters
@@ -153,7 +153,8 @@ def adapter_gradients(base, batch: dict, patch) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_checkpointing_chunked_loss_and_compile_give_the_adapters_eager_gradients(base):
-    """The patched and compiled forwards run peft's layers inside: the same gradients, and no graph break."""
+    """The patched forwards (checkpointing, chunked loss, MLP chunks) and the compiled one run peft's layers inside:
+    the same gradients, and no graph break."""
     torch._dynamo.reset()
     counters.clear()
     rows = [{"input_ids": torch.randint(3, 400, (48,)).tolist(), "seq_lens": [30, 18], "num_pad": 0} for _ in range(2)]
@@ -163,6 +164,7 @@ def test_checkpointing_chunked_loss_and_compile_give_the_adapters_eager_gradient
         "full checkpointing": lambda model: apply_activation_checkpointing(model, "full"),
         "attention checkpointing": lambda model: apply_activation_checkpointing(model, "attention"),
         "chunked loss": lambda model: use_loss(model, "chunked", 16),
+        "MLP chunks": lambda model: chunk_mlps(model, 20),
         "compile": lambda model: compile_decoder_layers(model, backend=lookup_backend("aot_eager")),
     }
     try:
