@@ -162,7 +162,24 @@ def _read_slots(
     cache_leftpad: Tensor | None,
 ) -> Slots:
     """Check cache_seqlens, cache_batch_idx and cache_leftpad, their values included (a host sync when they are on a
-    GPU: the gather needs the lengths on the host anyway), and where every entry's keys sit."""
+    GPU: the gather needs the lengths on the host anyway), and where every entry's keys sit; kept for the other
+    layers of a step, which pass the same tensors."""
+    given = [x for x in (cache_seqlens, cache_batch_idx, cache_leftpad) if isinstance(x, Tensor)]
+    key = (
+        q.shape[0], q.device, tuple(k_cache.shape[:2]), None if k is None else k.shape[1],
+        None if isinstance(cache_seqlens, Tensor) else cache_seqlens, cache_batch_idx is None, cache_leftpad is None,
+    )  # fmt: skip
+    return _slots.get(given, key, lambda: _check_slots(q, k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad))
+
+
+def _check_slots(
+    q: Tensor,
+    k_cache: Tensor,
+    k: Tensor | None,
+    cache_seqlens: int | Tensor | None,
+    cache_batch_idx: Tensor | None,
+    cache_leftpad: Tensor | None,
+) -> Slots:
     batch_size, (cache_rows, seqlen_cache) = q.shape[0], k_cache.shape[:2]
     new = 0 if k is None else k.shape[1]
     if cache_batch_idx is None:
@@ -209,8 +226,10 @@ def _int32_values(x: Tensor, name: str, q: Tensor) -> list[int]:
     return _host_values.get([x], (name,), x.tolist)  # a host sync on a GPU: once per step, not per layer
 
 
-# the values of cache_seqlens, cache_batch_idx and cache_leftpad: every layer of a decoding step passes the same tensors
+# the values of cache_seqlens, cache_batch_idx and cache_leftpad, and the slots they give: every layer of a decoding
+# step passes the same tensors
 _host_values: TensorCache[list[int]] = TensorCache(8)
+_slots: TensorCache[Slots] = TensorCache(4)
 
 
 def _append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Slots) -> None:
