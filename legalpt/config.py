@@ -407,8 +407,8 @@ class TrainConfig:
     # full or selective: keep each recomputed layer's attention output and logsumexp (per token and layer, an element
     # per hidden unit and a float per head, on the GPU), so that backward's recompute skips attention
     save_attention: bool = False
-    # tokens each decoder layer's MLP runs at once in training, each chunk recomputed in backward, so that only one
-    # chunk's intermediates exist at a time (the longest rows); 0 = whole rows
+    # tokens each decoder layer's MLP runs at once (in training each chunk is recomputed in backward), so that only
+    # one chunk's intermediates exist at a time (the longest rows); 0 = whole rows
     mlp_chunk_tokens: int = 0
     # processes: ddp (a full replica each) | fsdp2 (parameters, gradients and AdamW state sharded per decoder layer)
     distributed: str = "ddp"
