@@ -214,9 +214,11 @@ def test_offloading_on_cpu_warns_and_changes_nothing(rng, model, caplog):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("mlp_chunks", [0, 16])
 @pytest.mark.parametrize("mode", ["none", "full", "attention"])
-def test_offloading_moves_saved_activations_off_the_gpu(rng, model, mode):
-    """Equal loss and gradients with and without offloading, and less GPU memory held between forward and backward."""
+def test_offloading_moves_saved_activations_off_the_gpu(rng, model, mode, mlp_chunks):
+    """Equal loss and gradients with and without offloading, and less GPU memory held between forward and backward;
+    with chunked MLPs too, whose chunks' inputs are offloaded."""
     model = model.cuda()
     batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in packed_batch(rng, model.config.vocab_size).items()}
     held = {}
@@ -224,6 +226,8 @@ def test_offloading_moves_saved_activations_off_the_gpu(rng, model, mode):
     for offload in (False, True):
         candidate = copy.deepcopy(model)
         apply_activation_checkpointing(candidate, mode, offload=offload)
+        if mlp_chunks:
+            chunk_mlps(candidate, mlp_chunks)
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         loss = candidate(**batch).loss
