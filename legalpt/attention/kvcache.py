@@ -76,7 +76,7 @@ def flash_attn_with_kvcache(
     """
     _check_tensors(q, k_cache, v_cache, k, v)
     _check_flags(rotary_cos, rotary_sin, block_table, rotary_interleaved, num_splits, return_softmax_lse, backend)
-    slots = _read_slots(q, k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad)
+    slots = _cached_slots(q, k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad)
     batch_size, seqlen_q = q.shape[:2]
     max_seqlen_k = max(slots.lengths, default=0)
     spec, scale = api._check_options(
@@ -153,6 +153,17 @@ def _check_flags(
         raise ValueError(f"num_splits: expected an int >= 0 (0 = heuristic), got {num_splits!r}")
 
 
+def _cached_slots(*args) -> Slots:
+    """`_read_slots(*args)`, kept for the other layers of a step, which pass the same tensors."""
+    q, k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad = args
+    given = [x for x in (cache_seqlens, cache_batch_idx, cache_leftpad) if isinstance(x, Tensor)]
+    key = (
+        q.shape[0], q.device, tuple(k_cache.shape[:2]), None if k is None else k.shape[1],
+        None if isinstance(cache_seqlens, Tensor) else cache_seqlens, cache_batch_idx is None, cache_leftpad is None,
+    )  # fmt: skip
+    return _slots.get(given, key, lambda: _read_slots(*args))
+
+
 def _read_slots(
     q: Tensor,
     k_cache: Tensor,
@@ -162,24 +173,7 @@ def _read_slots(
     cache_leftpad: Tensor | None,
 ) -> Slots:
     """Check cache_seqlens, cache_batch_idx and cache_leftpad, their values included (a host sync when they are on a
-    GPU: the gather needs the lengths on the host anyway), and where every entry's keys sit; kept for the other
-    layers of a step, which pass the same tensors."""
-    given = [x for x in (cache_seqlens, cache_batch_idx, cache_leftpad) if isinstance(x, Tensor)]
-    key = (
-        q.shape[0], q.device, tuple(k_cache.shape[:2]), None if k is None else k.shape[1],
-        None if isinstance(cache_seqlens, Tensor) else cache_seqlens, cache_batch_idx is None, cache_leftpad is None,
-    )  # fmt: skip
-    return _slots.get(given, key, lambda: _check_slots(q, k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad))
-
-
-def _check_slots(
-    q: Tensor,
-    k_cache: Tensor,
-    k: Tensor | None,
-    cache_seqlens: int | Tensor | None,
-    cache_batch_idx: Tensor | None,
-    cache_leftpad: Tensor | None,
-) -> Slots:
+    GPU: the gather needs the lengths on the host anyway), and where every entry's keys sit."""
     batch_size, (cache_rows, seqlen_cache) = q.shape[0], k_cache.shape[:2]
     new = 0 if k is None else k.shape[1]
     if cache_batch_idx is None:
