@@ -51,8 +51,8 @@ def _union(old: list[dict], new: list[dict], fields: tuple[str, ...]) -> list[di
 
 
 def options(row: dict) -> str:
-    """A row's trainer options in one cell: activation checkpointing (+ saved attention, offloaded, MLP chunks) /
-    loss / compile."""
+    """A row's trainer options in one cell: activation checkpointing (+ saved attention, offloading, MLP chunks, bf16
+    parameters) / loss / compile."""
     compiled = {True: "compiled", False: "eager", None: "–"}[row["compile"]]
     extras = [  # records from before these options lack them
         "saved attention" if row.get("save_attention") else "",
