@@ -7,10 +7,13 @@ prompt ends with the case name, "..., Marlowe Logistics Corp. v. Quarry Networks
 weights predict. For each batch size, `legalpt.eval.generate` runs once to warm up and once timed, first with
 attn_implementation="legalpt", then "sdpa". The rows (prompts/s, new tokens/s, ours/sdpa) go to
 <out>/generate-<gpu>-<yyyymmdd>.json (scripts/benchmarking/record.py names and heads it), replacing the GPU's
-earlier record.
+earlier record. With --profile, one more batch of each row runs under torch.profiler: the row's `profile` says where
+that generate() call's time goes (wall against device-busy milliseconds, kernel time by kind: legalpt.train.profiling),
+and the operators that took the most host time are printed, so a host-bound row shows what to cut.
 
     python scripts/bench_generate.py                                            # 1b preset, bf16, cuda
     python scripts/bench_generate.py --preset tiny --device cpu --prompts 8     # smoke test
+    python scripts/bench_generate.py --batch-sizes 16 --profile                 # where the time goes
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 import torch
 from benchmarking import record
 from omegaconf import OmegaConf
+from torch.profiler import ProfilerActivity, profile
 
 from legalpt.attention import BACKEND_ENV, BACKENDS, get_backend
 from legalpt.config import CONF_DIR, GenerationConfig, ModelConfig
@@ -31,6 +35,7 @@ from legalpt.data.demo import generate_documents
 from legalpt.data.tokenizer import train_bpe
 from legalpt.eval.generate import generate_with_stats
 from legalpt.model import build_model, count_parameters
+from legalpt.train.profiling import describe, summarize
 
 ATTENTIONS = ("legalpt", "sdpa")  # ours first, then the baseline on the same weights
 
@@ -47,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64], help="prompts per generate() call")
     parser.add_argument("--documents", type=int, default=64, help="demo documents (prompts and tokenizer corpus)")
     parser.add_argument("--vocab-size", type=int, default=32000, help="BPE size (fewer if the corpus runs out)")
+    parser.add_argument("--profile", action="store_true", help="profile one more batch of each row (host and device)")
     parser.add_argument("--out", type=Path, default=record.RESULTS, help="folder of the JSON record")
     args = parser.parse_args(argv)
     for name in ("prompts", "prompt_tokens", "max_new_tokens", "documents"):
@@ -111,6 +117,23 @@ def timed(model, tokenizer, prompts: list[str], cfg: GenerationConfig, device: s
     }
 
 
+def profiled(model, tokenizer, prompts: list[str], cfg: GenerationConfig, device: str, desc: str) -> dict:
+    """One batch's generate() call under torch.profiler: the summary of where its time went (steps = 1 call); the
+    operators with the most host time printed."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    batch = prompts[: cfg.batch_size]
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        generate_with_stats(model, tokenizer, batch, cfg, desc=f"{desc} profiled", min_new_tokens=cfg.max_new_tokens)
+        synchronize(device)
+        wall_s = time.perf_counter() - start
+    summary = summarize(prof, wall_s, steps=1)
+    print(f"\n{desc}: one generate() call of {len(batch)} prompts\n{describe(summary, unit='call')}")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
+    return summary
+
+
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
@@ -155,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         generation = GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=batch_size)
         for attention in ATTENTIONS:
             model.set_attn_implementation(attention)
-            measured = timed(model, tokenizer, prompts, generation, args.device, f"{attention} bs={batch_size}")
+            desc = f"{attention} bs={batch_size}"
+            measured = timed(model, tokenizer, prompts, generation, args.device, desc)
+            if args.profile:
+                measured["profile"] = profiled(model, tokenizer, prompts, generation, args.device, desc)
             rows.append({"attention": attention, "batch_size": batch_size, **measured})
         ours, sdpa = rows[-2], rows[-1]
         ours["ratio_vs_sdpa"] = ours["new_tokens_per_s"] / sdpa["new_tokens_per_s"]

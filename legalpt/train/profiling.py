@@ -118,9 +118,10 @@ def summarize(prof: profile, wall_s: float, steps: int) -> dict:
     }
 
 
-def describe(summary: dict) -> str:
-    """Two readable lines of a summary."""
+def describe(summary: dict, unit: str = "step") -> str:
+    """Two readable lines of a summary of `unit`s (what summarize's `steps` counted)."""
     wall, busy = summary["wall_ms"], summary["device_busy_ms"]
     kinds = ", ".join(f"{kind} {ms:.1f}" for kind, ms in summary["kernel_ms"].items())
     idle = f"{100 * (1 - busy / wall):.0f}% idle" if wall > 0 else ""
-    return f"  per step: wall {wall:.1f} ms, device busy {busy:.1f} ms ({idle})\n  kernel ms by kind: {kinds or 'none'}"
+    head = f"  per {unit}: wall {wall:.1f} ms, device busy {busy:.1f} ms ({idle})"
+    return f"{head}\n  kernel ms by kind: {kinds or 'none'}"
