@@ -395,6 +395,9 @@ class TrainConfig:
     log_every: int = 10  # steps between logged metrics
     peak_tflops: float | None = None  # dense bf16 TFLOP/s of one device for MFU; None = by GPU name (unknown: no MFU)
     seed: int = 0  # seed of initialisation and data order
+    # bit-identical reruns on a GPU: torch's deterministic algorithms (an op without one raises) and legalpt
+    # attention's backward without atomics (legalpt.hf); slower
+    deterministic: bool = False
     # plain (HF's loss over the full float32 logits) | chunked (loss_chunk_tokens at a time, recomputed in backward)
     # | fused (Liger-Kernel's fused linear cross-entropy: no logits kept, no recompute; CUDA, the `fused` extra)
     loss_impl: str = "plain"

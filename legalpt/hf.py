@@ -19,12 +19,19 @@
     * context parallelism: a `ring_plan` keyword argument (legalpt.attention.ring) says this process holds a share
       of one long row, attended over every process of the plan by `ring_flash_attn_varlen_func`.
 
+Deterministic backward: under `torch.use_deterministic_algorithms(True)` (which accelerate's
+`set_seed(..., deterministic=True)` turns on) or with FLASH_ATTENTION_DETERMINISTIC=1 (transformers' switch for its
+flash-attention path), the kernels' backward runs without atomics (`deterministic=True`), so that two runs of a
+training step give the same gradients bit for bit.
+
 Sliding window: transformers lets query i see key j when i - sliding_window < j <= i, which is flash-attn's
 `window_size=(sliding_window - 1, 0)` with `causal=True` (and |i - j| <= sliding_window for bidirectional layers).
 When padding sits inside a row (neither left nor right), the window counts real tokens only.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +57,12 @@ def window_size(sliding_window: int | None, causal: bool) -> tuple[int, int]:
     if sliding_window < 1:
         raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
     return (sliding_window - 1, 0) if causal else (sliding_window, sliding_window)
+
+
+def deterministic() -> bool:
+    """Whether the backward must not use atomics: torch's deterministic mode, or transformers' flash-attention
+    switch (FLASH_ATTENTION_DETERMINISTIC=1)."""
+    return torch.are_deterministic_algorithms_enabled() or os.environ.get("FLASH_ATTENTION_DETERMINISTIC") == "1"
 
 
 def key_mask(
@@ -116,6 +129,7 @@ def attention_forward(
         "causal": causal,
         "window_size": window_size(sliding_window, causal),
         "softcap": softcap or 0.0,
+        "deterministic": deterministic(),
     }
     if torch.is_autocast_enabled(query.device.type):
         # Under autocast RoPE leaves q and k in float32 while v comes out of its projection in the autocast dtype;
@@ -145,7 +159,10 @@ def _ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: RingPlan, opt
         )
     if options["causal"] != plan.causal:
         raise ValueError(f"ring_plan: planned with causal={plan.causal}, but the layer is causal={options['causal']}")
-    return ring_flash_attn_varlen_func(q[0], k[0], v[0], plan, softmax_scale=options["softmax_scale"])[None]
+    out = ring_flash_attn_varlen_func(
+        q[0], k[0], v[0], plan, softmax_scale=options["softmax_scale"], deterministic=options["deterministic"]
+    )
+    return out[None]
 
 
 def _packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict, options: dict) -> torch.Tensor:
@@ -202,7 +219,7 @@ _left_paddings: TensorCache[torch.Tensor | None] = TensorCache(2)  # a step's ma
 def _over_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pads: torch.Tensor, options: dict) -> torch.Tensor:
     """Queries past a left-padded cache: the cache is read where it lies, from each row's first real slot; the
     queries need no gather and the output no scatter. transformers has already appended the new keys."""
-    options = {name: value for name, value in options.items() if name != "dropout_p"}
+    options = {name: value for name, value in options.items() if name not in ("dropout_p", "deterministic")}
     return flash_attn_with_kvcache(q, k, v, cache_seqlens=k.shape[1], cache_leftpad=pads, **options)
 
 

@@ -11,6 +11,7 @@ from transformers import AttentionInterface, AttentionMaskInterface, AutoConfig,
 from transformers.masking_utils import sliding_window_causal_mask_function
 
 import legalpt.hf
+from legalpt.attention import backends
 from legalpt.hf import NAME, window_size
 
 VOCAB = 128
@@ -151,6 +152,28 @@ def test_sliding_window_changes_logits_after_the_window(make_model):
     full = logits(model, "sdpa", input_ids=input_ids)
     torch.testing.assert_close(windowed[:, :WINDOW], full[:, :WINDOW])
     assert not torch.allclose(windowed[:, WINDOW:], full[:, WINDOW:], atol=1e-3)
+
+
+@pytest.mark.parametrize("switch", ["off", "torch", "env"])
+def test_deterministic_mode_reaches_the_backward(switch, monkeypatch, make_model, deterministic_mode):
+    """torch.use_deterministic_algorithms(True) or FLASH_ATTENTION_DETERMINISTIC=1: every backward call of the
+    kernels runs without atomics (batch.deterministic), dense and packed rows alike; else with them."""
+    if switch == "torch":
+        deterministic_mode()
+    monkeypatch.setenv("FLASH_ATTENTION_DETERMINISTIC", "1" if switch == "env" else "0")
+    reference = backends.get("reference")
+    seen = []
+    backward = type(reference).backward
+    monkeypatch.setattr(
+        type(reference), "backward", lambda self, batch, *a: seen.append(batch) or backward(self, batch, *a)
+    )
+    model = make_model("llama").train()
+    positions = torch.tensor([[*range(7), *range(5)]])  # two documents: the varlen path
+    for extra in ({}, {"position_ids": positions}):
+        model(input_ids=torch.randint(VOCAB, (1, 12)), use_cache=False, **extra).logits.sum().backward()
+    assert len(seen) == 2 * model.config.num_hidden_layers
+    assert {batch.varlen for batch in seen} == {False, True}
+    assert {batch.deterministic for batch in seen} == {switch != "off"}
 
 
 def random_documents(rows: int, length: int) -> list[list[int]]:

@@ -177,6 +177,7 @@ def ring_flash_attn_varlen_func(
     plan: RingPlan,
     softmax_scale: float | None = None,
     return_attn_probs: bool = False,
+    deterministic: bool = False,
     *,
     backend: str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, None]:
@@ -184,7 +185,8 @@ def ring_flash_attn_varlen_func(
 
     q: (T / W, H, D), k and v: (T / W, Hk, D): this process's two chunks (`shard`), in the plan's layout. Returns
     out (T / W, H, D); with return_attn_probs=True, (out, softmax_lse (H, T / W) float32, None), the logsumexp not
-    differentiable. Differentiable in q, k and v; every process of the plan's group calls this together."""
+    differentiable. Differentiable in q, k and v; every process of the plan's group calls this together.
+    deterministic: the backward's kernels run without atomics (the steps' sums are in a fixed order already)."""
     api._check_rank(q, k, v, 3, "(local_tokens, heads, head_dim)")
     api._check_qkv(q, k, v)
     local = 2 * plan.chunk
@@ -193,9 +195,11 @@ def ring_flash_attn_varlen_func(
             raise ValueError(f"{name}: expected {local} local tokens (two chunks of the plan), got {x.shape[0]}")
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     scale = float(softmax_scale)
     chosen = _kernel_backend(backend, q, k, v, plan, scale)
-    out, lse = _RingAttention.apply(q, k, v, plan, scale, chosen)
+    out, lse = _RingAttention.apply(q, k, v, plan, scale, chosen, deterministic)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -212,11 +216,14 @@ def _kernel_backend(
     return chosen
 
 
-def _batch(q: Tensor, k: Tensor, v: Tensor, call: PairCall, scale: float) -> AttentionBatch:
+def _batch(
+    q: Tensor, k: Tensor, v: Tensor, call: PairCall, scale: float, deterministic: bool = False
+) -> AttentionBatch:
     spec = MaskSpec(causal=call.causal)
     return AttentionBatch(
-        q, k, v, call.cu_seqlens_q, call.cu_seqlens_k, call.max_seqlen_q, call.max_seqlen_k, spec, scale
-    )
+        q, k, v, call.cu_seqlens_q, call.cu_seqlens_k, call.max_seqlen_q, call.max_seqlen_k, spec, scale,
+        deterministic=deterministic,
+    )  # fmt: skip
 
 
 class _Ring:
@@ -256,7 +263,7 @@ def _merge(out: Tensor, lse: Tensor, part: Tensor, part_lse: Tensor) -> None:
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, plan: RingPlan, scale: float, backend: KernelBackend):
+    def forward(ctx, q, k, v, plan: RingPlan, scale: float, backend: KernelBackend, deterministic: bool):
         k, v = k.contiguous(), v.contiguous()  # sent whole, point to point
         out = q.new_zeros(q.shape, dtype=torch.float32)  # (T, H, D)
         lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32)  # (H, T)
@@ -273,7 +280,7 @@ class _RingAttention(torch.autograd.Function):
                 held = incoming
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.plan, ctx.scale, ctx.backend = plan, scale, backend
+        ctx.plan, ctx.scale, ctx.backend, ctx.deterministic = plan, scale, backend, deterministic
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -293,7 +300,7 @@ class _RingAttention(torch.autograd.Function):
             grads = [torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)]
             for call in calls:
                 rows, keys = call.q_rows, call.k_rows
-                batch = _batch(q[rows], held[0][keys], held[1][keys], call, scale)
+                batch = _batch(q[rows], held[0][keys], held[1][keys], call, scale, ctx.deterministic)
                 row_lse = lse[:, rows].contiguous()
                 dq_part, dk_part, dv_part = backend.backward(batch, out[rows], row_lse, dout[rows], None)
                 dq[rows] += dq_part
@@ -309,4 +316,4 @@ class _RingAttention(torch.autograd.Function):
             passed = dkv_ring.start(grads) if plan.world > 1 else grads  # on to the process that holds it next
         if plan.world > 1:
             dkv_ring.wait()  # after the last step the next process is the block's owner: this one's came home
-        return dq.to(q.dtype), passed[0].to(k.dtype), passed[1].to(v.dtype), None, None, None
+        return dq.to(q.dtype), passed[0].to(k.dtype), passed[1].to(v.dtype), None, None, None, None

@@ -7,6 +7,7 @@ Data → packed rows (legalpt.data) → HF model (legalpt.model) → AdamW + war
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -163,6 +164,20 @@ def file_log(path: Path, enabled: bool) -> Iterator[None]:
         handler.close()
 
 
+@contextmanager
+def deterministic_algorithms(on: bool) -> Iterator[None]:
+    """torch's deterministic algorithms for the run when `on` (train.deterministic), as they were after it; cuBLAS
+    gets the workspace setting that its deterministic mode needs, unless one is set."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def train(cfg: DictConfig | Config) -> TrainResult:
     """Run the pretraining job described by `cfg` and return where its outputs are."""
     cfg = to_config(cfg)  # checks every value, the loop's ranges included, before anything is built
@@ -170,7 +185,8 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     accelerator = build_accelerator(cfg.train, tracker_name(cfg.logger))
     log_on_main_process_only(accelerator)
     run_dir = agree_on_run_dir(accelerator, cfg.train.output_dir)
-    with file_log(run_dir / "train.log", accelerator.is_main_process):
+    log_file = file_log(run_dir / "train.log", accelerator.is_main_process)
+    with log_file, deterministic_algorithms(cfg.train.deterministic):
         # the run's config.yaml at its start; a resume is checked and noted
         resume_from = note_start(accelerator, run_dir, cfg)
         return run(cfg, accelerator, run_dir, resume_from)

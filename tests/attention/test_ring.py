@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from attention_helpers import assert_flash_attn_rule, naive_attention
 
+from legalpt.attention import backends
 from legalpt.attention.ring import RingPlan, ring_flash_attn_varlen_func, shard, unshard
 
 HEADS, KV_HEADS, DIM = 4, 2, 16
@@ -132,6 +133,24 @@ def test_bad_inputs_are_named_before_any_compute():
         ring_flash_attn_varlen_func(q[:6], k, k, plan)
     with pytest.raises(ValueError, match=r"^backend: expected reference, fa2 or fa3 for ring attention, got sdpa"):
         ring_flash_attn_varlen_func(q, k, k, plan, backend="sdpa")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_reaches_every_backward_call(deterministic, monkeypatch):
+    reference = backends.get("reference")
+    seen, backward = [], type(reference).backward
+
+    def spy(self, batch, *args):
+        seen.append(batch.deterministic)
+        return backward(self, batch, *args)
+
+    monkeypatch.setattr(type(reference), "backward", spy)
+    plan = RingPlan.build([0, 3, 8], True, 1, 0, torch.device("cpu"))
+    q, k, v = (torch.randn(8, heads, DIM, requires_grad=True) for heads in (HEADS, KV_HEADS, KV_HEADS))
+    ring_flash_attn_varlen_func(q, k, v, plan, deterministic=deterministic).sum().backward()
+    assert seen and set(seen) == {deterministic}
+    with pytest.raises(TypeError, match=r"^deterministic: expected a bool, got int"):
+        ring_flash_attn_varlen_func(q, k, v, plan, deterministic=1)
 
 
 @pytest.mark.cuda

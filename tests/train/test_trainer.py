@@ -3,6 +3,7 @@
 import itertools
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from train_helpers import tiny_overrides as shared_tiny_overrides
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import legalpt.train.trainer as trainer
+from legalpt.attention import backends
 from legalpt.config import LOGGERS, TrainConfig, compose
 from legalpt.train.checkpoint import latest_checkpoint, resolve_resume
 from legalpt.train.optim import build_optimizer, lr_factor
@@ -89,6 +91,39 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, train_until_first_checkp
     assert resumed.eval_losses[-1] == straight.eval_losses[-1]
     a = AutoModelForCausalLM.from_pretrained(straight.export_dir)
     b = AutoModelForCausalLM.from_pretrained(resumed.export_dir)
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_turns_on_torchs_mode_and_the_atomic_free_backward(deterministic, tmp_path, monkeypatch):
+    reference = backends.get("reference")
+    seen, backward = set(), type(reference).backward
+
+    def spy(self, batch, *args):
+        seen.add((batch.deterministic, torch.are_deterministic_algorithms_enabled()))
+        return backward(self, batch, *args)
+
+    monkeypatch.setattr(type(reference), "backward", spy)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # restored at the end, as the run may set it
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    overrides = tiny_overrides(tmp_path, f"train.output_dir={tmp_path}", f"train.deterministic={deterministic}")
+    trainer.train(compose("train", overrides))
+    assert seen == {(deterministic, deterministic)}
+    assert not torch.are_deterministic_algorithms_enabled()  # as before the run
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == (":4096:8" if deterministic else None)
+
+
+@pytest.mark.cuda
+def test_deterministic_runs_on_a_gpu_are_bit_identical(tmp_path):
+    """Two runs with train.deterministic=true: the same held-out losses and weights, bit for bit."""
+    runs = [
+        trainer.train(compose("train", tiny_overrides(tmp_path, f"train.output_dir={tmp_path / name}",
+                                                      "train.deterministic=true")))
+        for name in ("a", "b")
+    ]  # fmt: skip
+    assert runs[0].eval_losses == runs[1].eval_losses
+    a, b = (AutoModelForCausalLM.from_pretrained(run.export_dir) for run in runs)
     for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         torch.testing.assert_close(pa, pb, rtol=0, atol=0, msg=name)
 
