@@ -224,12 +224,20 @@ def _over_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pads: torch.T
 
 
 def _restarts(position_ids: torch.Tensor | None, batch: int, length: int) -> torch.Tensor | None:
-    """(B, S) bool, True where a token starts a new document inside its row; None when no row restarts."""
+    """(B, S) bool, True where a token starts a new document inside its row; None when no row restarts. A host
+    sync, once per forward: every layer gets the same position_ids, and the same answer (tensor_cache.py)."""
     if position_ids is None or length == 1:
         return None
-    positions = position_ids.expand(batch, -1)
-    starts = F.pad(positions.diff(dim=1) != 1, (1, 0), value=False)
-    return starts if bool(starts.any()) else None
+
+    def find() -> torch.Tensor | None:
+        positions = position_ids.expand(batch, -1)
+        starts = F.pad(positions.diff(dim=1) != 1, (1, 0), value=False)
+        return starts if bool(starts.any()) else None
+
+    return _restart_cache.get([position_ids], (batch, length), find)
+
+
+_restart_cache: TensorCache[torch.Tensor | None] = TensorCache(2)
 
 
 def _varlen(
@@ -257,8 +265,21 @@ def _documents(
     """Flat indices of the kept tokens (None = all), then `cu_seqlens` over them and the longest document's length.
 
     A document starts at each row's first slot and wherever `starts` is True, and holds the kept tokens up to the
-    next start; a document of padding only is empty.
+    next start; a document of padding only is empty. Host syncs, once per forward: every layer passes the same mask
+    and restarts, and gets the same tensors (so the kernels' block schedules, cached by cu_seqlens, are built once).
     """
+    given = [x for x in (keep, starts) if x is not None]
+    extra = (tuple(shape), device, keep is None, starts is None)
+    return _document_cache.get(given, extra, lambda: _find_documents(keep, starts, shape, device))
+
+
+_document_cache: TensorCache[tuple[torch.Tensor | None, torch.Tensor, int]] = TensorCache(4)
+
+
+def _find_documents(
+    keep: torch.Tensor | None, starts: torch.Tensor | None, shape: torch.Size, device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor, int]:
+    """`_documents`, computed."""
     batch, length = shape
     new = torch.arange(batch * length, device=device) % length == 0
     if starts is not None:

@@ -216,6 +216,30 @@ def test_packed_and_padded_rows_give_each_document_its_own_logits(make_model):
             start += n
 
 
+def test_padded_rows_find_their_documents_once_per_forward(monkeypatch, make_model):
+    """The host syncs of a padded (and restarting) batch's documents run once per forward, not once per layer: every
+    layer gets the same mask and position_ids, and the same cu_seqlens back."""
+    found, cu_seqlens = [], []
+    find = legalpt.hf._find_documents
+    monkeypatch.setattr(legalpt.hf, "_find_documents", lambda *args: found.append(1) or find(*args))
+    varlen = legalpt.hf.flash_attn_varlen_func
+    monkeypatch.setattr(legalpt.hf, "flash_attn_varlen_func", lambda q, k, v, cu_q, *a, **kw: cu_seqlens.append(cu_q)
+                        or varlen(q, k, v, cu_q, *a, **kw))  # fmt: skip
+    model = make_model("llama")
+    assert model.config.num_hidden_layers > 1
+    mask = torch.ones(2, 24, dtype=torch.long)
+    mask[0, 16:] = 0
+    position_ids = torch.tensor([[*range(5), *range(11), *range(8)], [*range(12), *range(3), *range(9)]])
+    for forward in range(2):  # a new mask and new position_ids: found again
+        logits(model, NAME, input_ids=torch.randint(1, VOCAB, (2, 24)), attention_mask=mask.clone(),
+               position_ids=position_ids.clone())  # fmt: skip
+        assert len(found) == forward + 1
+    layers = model.config.num_hidden_layers
+    assert len(cu_seqlens) == 2 * layers
+    assert all(cu is cu_seqlens[0] for cu in cu_seqlens[:layers])
+    assert cu_seqlens[0].tolist() == [0, 5, 16, 16, 28, 31, 40]  # row 0's padding: an empty document
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cu_seq_lens_kwargs_separate_documents(arch, make_model):
     # Positions run on across documents: RoPE is relative, so only cu_seq_lens keeps the documents apart.
