@@ -4,12 +4,14 @@ A model preset is built from its config with random weights (conf/model/<preset>
 on the demo corpus. The prompts are citation-style: the text of the demo opinions just before their citations (so a
 prompt ends with the case name, "..., Marlowe Logistics Corp. v. Quarry Networks L.P., "), cut to its last
 --prompt-tokens tokens. eos is held back, so every prompt generates exactly --max-new-tokens tokens whatever the random
-weights predict. For each batch size, `legalpt.eval.generate` runs once to warm up and once timed, first with
-attn_implementation="legalpt", then "sdpa". The rows (prompts/s, new tokens/s, ours/sdpa) go to
-<out>/generate-<gpu>-<yyyymmdd>.json (scripts/benchmarking/record.py names and heads it), replacing the GPU's
-earlier record. With --profile, one more batch of each row runs under torch.profiler: the row's `profile` says where
-that generate() call's time goes (wall against device-busy milliseconds, kernel time by kind: legalpt.train.profiling),
-and the operators that took the most host time are printed, so a host-bound row shows what to cut.
+weights predict. For each batch size, `legalpt.eval.generate` runs once to warm up per attn_implementation
+("legalpt", "sdpa"), then --repeats timed runs of each, interleaved (legalpt, sdpa, sdpa, legalpt, ...: a drift of
+the machine over the run weighs on both alike); a row keeps the fastest. The rows (prompts/s, new tokens/s,
+ours/sdpa) go to <out>/generate-<gpu>-<yyyymmdd>.json (scripts/benchmarking/record.py names and heads it),
+replacing the GPU's earlier record. With --profile, one more batch of each row runs under torch.profiler: the row's
+`profile` says where that generate() call's time goes (wall against device-busy milliseconds, kernel time by kind:
+legalpt.train.profiling), and the operators that took the most host time are printed, so that a host-bound row
+shows what to cut.
 
     python scripts/bench_generate.py                                            # 1b preset, bf16, cuda
     python scripts/bench_generate.py --preset tiny --device cpu --prompts 8     # smoke test
@@ -52,10 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64], help="prompts per generate() call")
     parser.add_argument("--documents", type=int, default=64, help="demo documents (prompts and tokenizer corpus)")
     parser.add_argument("--vocab-size", type=int, default=32000, help="BPE size (fewer if the corpus runs out)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per row, interleaved; the fastest is kept")
     parser.add_argument("--profile", action="store_true", help="profile one more batch of each row (host and device)")
     parser.add_argument("--out", type=Path, default=record.RESULTS, help="folder of the JSON record")
     args = parser.parse_args(argv)
-    for name in ("prompts", "prompt_tokens", "max_new_tokens", "documents"):
+    for name in ("prompts", "prompt_tokens", "max_new_tokens", "documents", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     if min(args.batch_sizes) < 1:
@@ -97,11 +100,14 @@ def model_config(preset: str, dtype: str, backend: str) -> ModelConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path), overrides))
 
 
-def timed(model, tokenizer, prompts: list[str], cfg: GenerationConfig, device: str, desc: str) -> dict:
-    """One warm-up batch, then every prompt timed; the clock reads after the device has finished."""
+def warm_up(model, tokenizer, prompts: list[str], cfg: GenerationConfig, desc: str) -> None:
     generate_with_stats(
         model, tokenizer, prompts[: cfg.batch_size], cfg, desc=f"{desc} warm-up", min_new_tokens=cfg.max_new_tokens
     )
+
+
+def timed(model, tokenizer, prompts: list[str], cfg: GenerationConfig, device: str, desc: str) -> dict:
+    """Every prompt timed; the clock reads after the device has finished."""
     synchronize(device)
     start = time.perf_counter()
     result = generate_with_stats(model, tokenizer, prompts, cfg, desc=desc, min_new_tokens=cfg.max_new_tokens)
@@ -134,6 +140,15 @@ def profiled(model, tokenizer, prompts: list[str], cfg: GenerationConfig, device
     return summary
 
 
+def row_name(row: dict) -> str:
+    return f"{row['attention']} bs={row['batch_size']}"
+
+
+def interleaved(repeats: int) -> list[str]:
+    """The attention implementations' timed runs in order: ATTENTIONS, then reversed, and so on, `repeats` each."""
+    return [name for r in range(repeats) for name in (ATTENTIONS if r % 2 == 0 else ATTENTIONS[::-1])]
+
+
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
@@ -163,6 +178,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def measure(model, tokenizer, prompts: list[str], args: argparse.Namespace, batch_size: int) -> list[dict]:
+    """The rows of one batch size, ours then sdpa's: the fastest of each one's interleaved timed runs."""
+    generation = GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=batch_size)
+    runs = {attention: [] for attention in ATTENTIONS}
+    for attention in interleaved(args.repeats):
+        model.set_attn_implementation(attention)
+        desc = row_name({"attention": attention, "batch_size": batch_size})
+        if not runs[attention]:
+            warm_up(model, tokenizer, prompts, generation, desc)
+        runs[attention].append(timed(model, tokenizer, prompts, generation, args.device, desc))
+    rows = []
+    for attention, measured in runs.items():
+        best = min(measured, key=lambda run: run["seconds"])
+        row = {"attention": attention, "batch_size": batch_size, **best, "repeats_s": [r["seconds"] for r in measured]}
+        if args.profile:
+            model.set_attn_implementation(attention)
+            row["profile"] = profiled(
+                model, tokenizer, prompts, generation, args.device, f"{attention} bs={batch_size}"
+            )
+        rows.append(row)
+    rows[0]["ratio_vs_sdpa"] = rows[0]["new_tokens_per_s"] / rows[1]["new_tokens_per_s"]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if args.device.startswith("cuda") else "float32")
@@ -173,18 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     with torch.device(args.device):  # initialise on the device: a 1b model is slow to initialise on the host
         model = build_model(cfg, tokenizer)
-    rows = []
-    for batch_size in args.batch_sizes:
-        generation = GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=batch_size)
-        for attention in ATTENTIONS:
-            model.set_attn_implementation(attention)
-            desc = f"{attention} bs={batch_size}"
-            measured = timed(model, tokenizer, prompts, generation, args.device, desc)
-            if args.profile:
-                measured["profile"] = profiled(model, tokenizer, prompts, generation, args.device, desc)
-            rows.append({"attention": attention, "batch_size": batch_size, **measured})
-        ours, sdpa = rows[-2], rows[-1]
-        ours["ratio_vs_sdpa"] = ours["new_tokens_per_s"] / sdpa["new_tokens_per_s"]
+    rows = [row for batch_size in args.batch_sizes for row in measure(model, tokenizer, prompts, args, batch_size)]
     path = record.write(args.out, {"header": header(args, argv, model, tokenizer, dtype), "rows": rows})
     print(f"wrote {path}")
     print(table(rows))

@@ -255,6 +255,7 @@ def test_bench_script_smoke_mode_writes_its_json(tmp_path):
     for row in rows:
         assert row["prompts"] == 6 and row["new_tokens"] == 6 * 4
         assert row["prompts_per_s"] > 0 and row["new_tokens_per_s"] > 0
+        assert len(row["repeats_s"]) == 2 and row["seconds"] == min(row["repeats_s"])  # the fastest of --repeats
     assert rows[0]["ratio_vs_sdpa"] == pytest.approx(rows[0]["new_tokens_per_s"] / rows[1]["new_tokens_per_s"])
     assert "new tokens/s" in finished.stdout
 
@@ -263,13 +264,18 @@ def test_bench_script_profile_says_where_a_call_spends_its_time(tmp_path):
     command = [
         sys.executable, str(ROOT / "scripts" / "bench_generate.py"), "--preset", "tiny", "--device", "cpu",
         "--prompts", "2", "--prompt-tokens", "16", "--max-new-tokens", "3", "--batch-sizes", "2",
-        "--documents", "4", "--vocab-size", "512", "--profile", "--out", str(tmp_path),
+        "--documents", "4", "--vocab-size", "512", "--repeats", "1", "--profile", "--out", str(tmp_path),
     ]  # fmt: skip
     finished = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert finished.returncode == 0, finished.stderr[-3000:]
     (path,) = tmp_path.glob("generate-cpu*-*.json")
     for row in json.loads(path.read_text())["rows"]:
-        assert row["profile"]["steps"] == 1 and row["profile"]["wall_ms"] > 0
+        assert row["profile"]["steps"] == 1 and row["profile"]["wall_ms"] > 0 and len(row["repeats_s"]) == 1
         assert row["profile"]["device_busy_ms"] == 0  # no GPU: no kernels
     assert finished.stdout.count("one generate() call of 2 prompts") == 2
     assert "Self CPU" in finished.stdout
+
+
+def test_bench_script_interleaves_the_timed_runs(load_script):
+    bench = load_script("bench_generate")
+    assert bench.interleaved(3) == ["legalpt", "sdpa", "sdpa", "legalpt", "legalpt", "sdpa"]
