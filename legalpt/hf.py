@@ -20,9 +20,10 @@
       of one long row, attended over every process of the plan by `ring_flash_attn_varlen_func`.
 
 Deterministic backward: under `torch.use_deterministic_algorithms(True)` (which accelerate's
-`set_seed(..., deterministic=True)` turns on) or with FLASH_ATTENTION_DETERMINISTIC=1 (transformers' switch for its
-flash-attention path), the kernels' backward runs without atomics (`deterministic=True`), so that two runs of a
-training step give the same gradients bit for bit.
+`set_seed(..., deterministic=True)` and `train.deterministic` turn on), with FLASH_ATTENTION_DETERMINISTIC=1
+(transformers' switch for its flash-attention path) or a `deterministic=True` keyword from the caller, the kernels'
+backward runs without atomics, so that two runs of a training step give the same gradients bit for bit. A compiled
+graph keeps the environment variable's value from when it was traced (torch's mode is guarded): set it first.
 
 Sliding window: transformers lets query i see key j when i - sliding_window < j <= i, which is flash-attn's
 `window_size=(sliding_window - 1, 0)` with `causal=True` (and |i - j| <= sliding_window for bidirectional layers).
@@ -129,7 +130,7 @@ def attention_forward(
         "causal": causal,
         "window_size": window_size(sliding_window, causal),
         "softcap": softcap or 0.0,
-        "deterministic": deterministic(),
+        "deterministic": deterministic() if kwargs.get("deterministic") is None else bool(kwargs["deterministic"]),
     }
     if torch.is_autocast_enabled(query.device.type):
         # Under autocast RoPE leaves q and k in float32 while v comes out of its projection in the autocast dtype;
@@ -196,7 +197,16 @@ def _attend(
     pads = _left_padding(mask, q_len) if options["dropout_p"] == 0 and not q.requires_grad else None
     if pads is not None:
         return _over_cache(q, k, v, pads, options)
-    return _varlen(q, k, v, mask[:, k_len - q_len :], mask, None, options)  # query i sits in key slot k_len - q_len + i
+    return _varlen(q, k, v, _query_slots(mask, k_len - q_len), mask, None, options)
+
+
+def _query_slots(mask: torch.Tensor, first: int) -> torch.Tensor:
+    """The mask's columns from key slot `first` on, where the queries sit (query i in slot first + i): one view for
+    all the layers of a forward, so that what is computed from it is kept for them (`_documents`)."""
+    return _query_masks.get([mask], (first,), lambda: mask[:, first:])
+
+
+_query_masks: TensorCache[torch.Tensor] = TensorCache(2)
 
 
 def _left_padding(mask: torch.Tensor, q_len: int) -> torch.Tensor | None:

@@ -140,8 +140,8 @@ def profiled(model, tokenizer, prompts: list[str], cfg: GenerationConfig, device
     return summary
 
 
-def row_name(row: dict) -> str:
-    return f"{row['attention']} bs={row['batch_size']}"
+def label(attention: str, batch_size: int) -> str:
+    return f"{attention} bs={batch_size}"
 
 
 def interleaved(repeats: int) -> list[str]:
@@ -164,6 +164,7 @@ def header(args: argparse.Namespace, argv: list[str] | None, model, tokenizer, d
         legalpt_backend=os.environ.get(BACKEND_ENV) or get_backend(),
         max_new_tokens=args.max_new_tokens,
         prompt_tokens=args.prompt_tokens,
+        repeats=args.repeats,  # timed runs per row, interleaved; a row holds the fastest
     )  # fmt: skip
 
 
@@ -184,7 +185,7 @@ def measure(model, tokenizer, prompts: list[str], args: argparse.Namespace, batc
     runs = {attention: [] for attention in ATTENTIONS}
     for attention in interleaved(args.repeats):
         model.set_attn_implementation(attention)
-        desc = row_name({"attention": attention, "batch_size": batch_size})
+        desc = label(attention, batch_size)
         if not runs[attention]:
             warm_up(model, tokenizer, prompts, generation, desc)
         runs[attention].append(timed(model, tokenizer, prompts, generation, args.device, desc))
@@ -194,9 +195,7 @@ def measure(model, tokenizer, prompts: list[str], args: argparse.Namespace, batc
         row = {"attention": attention, "batch_size": batch_size, **best, "repeats_s": [r["seconds"] for r in measured]}
         if args.profile:
             model.set_attn_implementation(attention)
-            row["profile"] = profiled(
-                model, tokenizer, prompts, generation, args.device, f"{attention} bs={batch_size}"
-            )
+            row["profile"] = profiled(model, tokenizer, prompts, generation, args.device, label(attention, batch_size))
         rows.append(row)
     rows[0]["ratio_vs_sdpa"] = rows[0]["new_tokens_per_s"] / rows[1]["new_tokens_per_s"]
     return rows

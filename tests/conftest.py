@@ -53,13 +53,13 @@ def tiny_model_config() -> Callable[..., ModelConfig]:
 
 @pytest.fixture
 def deterministic_mode(monkeypatch) -> Callable[[], None]:
-    """A function that turns torch's deterministic mode on for the rest of the test (warn_only: an op without a
-    deterministic kernel warns; cuBLAS gets the workspace setting it asks for)."""
+    """A function that turns torch's deterministic mode on for the rest of the test: an op without a deterministic
+    kernel raises, naming itself; cuBLAS gets the workspace setting it asks for."""
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
 
     def turn_on() -> None:
         monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.use_deterministic_algorithms(True)
 
     yield turn_on
     torch.use_deterministic_algorithms(before[0], warn_only=before[1])

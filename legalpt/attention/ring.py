@@ -177,8 +177,8 @@ def ring_flash_attn_varlen_func(
     plan: RingPlan,
     softmax_scale: float | None = None,
     return_attn_probs: bool = False,
-    deterministic: bool = False,
     *,
+    deterministic: bool = False,
     backend: str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, None]:
     """Attention of this process's tokens over the whole sharded sequence.

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+import torch
 from torch import Tensor
 
 T = TypeVar("T")
@@ -31,7 +32,10 @@ class TensorCache(Generic[T]):
         self._entries: OrderedDict[tuple, tuple[list[weakref.ref], T]] = OrderedDict()
 
     def get(self, tensors: Sequence[Tensor], extra: tuple, make: Callable[[], T]) -> T:
-        """The value cached for these tensors as they are now and `extra`, or `make()`'s, kept."""
+        """The value cached for these tensors as they are now and `extra`, or `make()`'s, kept. While torch.compile
+        traces, `make()`'s alone: the tensors are the tracer's, and reading their versions would break the graph."""
+        if torch.compiler.is_compiling():
+            return make()
         versions = [version(t) for t in tensors]
         if None in versions:
             return make()

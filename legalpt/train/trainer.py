@@ -166,16 +166,30 @@ def file_log(path: Path, enabled: bool) -> Iterator[None]:
 
 @contextmanager
 def deterministic_algorithms(on: bool) -> Iterator[None]:
-    """torch's deterministic algorithms for the run when `on` (train.deterministic), as they were after it; cuBLAS
-    gets the workspace setting that its deterministic mode needs, unless one is set."""
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    if on:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    try:
+    """For the run when `on` (train.deterministic), restored after it: torch's deterministic algorithms, Inductor's
+    deterministic mode (no kernel chosen by timing it, as max-autotune would), and cuBLAS's workspace setting unless
+    one is set (it counts if set before the process's first cuBLAS call, as at the start of a run)."""
+    if not on:
         yield
+        return
+    from torch._inductor import config as inductor_config  # here: importing Inductor takes a second
+
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    workspace = os.environ.get(CUBLAS_WORKSPACE)
+    # Inductor's switch, where this torch has one (recent releases; the older time kernels in max-autotune only)
+    inductor = inductor_config.patch(deterministic=True) if hasattr(inductor_config, "deterministic") else nullcontext()
+    try:
+        os.environ[CUBLAS_WORKSPACE] = workspace or ":4096:8"
+        torch.use_deterministic_algorithms(True)
+        with inductor:
+            yield
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        if workspace is None:
+            os.environ.pop(CUBLAS_WORKSPACE, None)
+
+
+CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
 
 
 def train(cfg: DictConfig | Config) -> TrainResult:

@@ -31,3 +31,16 @@ def test_inference_tensors_and_evicted_entries_are_computed_again():
     for x in (u, v, u):  # room for one: v evicts u
         cache.get([x], (), lambda: calls.append(1))
     assert len(calls) == 5
+
+
+def test_a_compiled_function_computes_without_breaking_the_graph():
+    cache, calls = TensorCache(2), []
+    t = torch.arange(4.0)
+
+    def make():
+        calls.append(1)
+        return t * 2
+
+    compiled = torch.compile(lambda x: cache.get([x], (), make) + 1, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(t), t * 2 + 1)  # fullgraph: a graph break would raise
+    assert calls and not cache._entries  # nothing kept from the tracer's tensors

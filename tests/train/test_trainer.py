@@ -11,8 +11,8 @@ from accelerate.utils import LoggerType
 from train_helpers import tiny_overrides as shared_tiny_overrides
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import legalpt.hf
 import legalpt.train.trainer as trainer
-from legalpt.attention import backends
 from legalpt.config import LOGGERS, TrainConfig, compose
 from legalpt.train.checkpoint import latest_checkpoint, resolve_resume
 from legalpt.train.optim import build_optimizer, lr_factor
@@ -97,21 +97,23 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, train_until_first_checkp
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_deterministic_turns_on_torchs_mode_and_the_atomic_free_backward(deterministic, tmp_path, monkeypatch):
-    reference = backends.get("reference")
-    seen, backward = set(), type(reference).backward
+    """Every attention call of the run asks for the backward without atomics, under torch's deterministic mode and
+    cuBLAS's workspace setting; all three as before after the run."""
+    seen = set()
+    varlen = legalpt.hf.flash_attn_varlen_func  # packed rows: the trainer's path, whatever the backend
 
-    def spy(self, batch, *args):
-        seen.add((batch.deterministic, torch.are_deterministic_algorithms_enabled()))
-        return backward(self, batch, *args)
+    def spy(*args, **kwargs):
+        mode = torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        seen.add((kwargs["deterministic"], *mode))
+        return varlen(*args, **kwargs)
 
-    monkeypatch.setattr(type(reference), "backward", spy)
-    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # restored at the end, as the run may set it
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    monkeypatch.setattr(legalpt.hf, "flash_attn_varlen_func", spy)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     overrides = tiny_overrides(tmp_path, f"train.output_dir={tmp_path}", f"train.deterministic={deterministic}")
     trainer.train(compose("train", overrides))
-    assert seen == {(deterministic, deterministic)}
-    assert not torch.are_deterministic_algorithms_enabled()  # as before the run
-    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == (":4096:8" if deterministic else None)
+    assert seen == {(True, True, ":4096:8") if deterministic else (False, False, None)}
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
 
 
 @pytest.mark.cuda
