@@ -164,6 +164,9 @@ def file_log(path: Path, enabled: bool) -> Iterator[None]:
         handler.close()
 
 
+CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"  # cuBLAS's deterministic mode needs a fixed workspace
+
+
 @contextmanager
 def deterministic_algorithms(on: bool) -> Iterator[None]:
     """For the run when `on` (train.deterministic), restored after it: torch's deterministic algorithms, Inductor's
@@ -187,9 +190,6 @@ def deterministic_algorithms(on: bool) -> Iterator[None]:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         if workspace is None:
             os.environ.pop(CUBLAS_WORKSPACE, None)
-
-
-CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
 
 
 def train(cfg: DictConfig | Config) -> TrainResult:
