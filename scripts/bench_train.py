@@ -4,7 +4,9 @@ kept apart), through the same trainer on the same data.
 Every job is `legalpt-train` in a fresh process (a CUDA out-of-memory leaves nothing behind for the next), with
 model.attn_implementation=legalpt and =sdpa one after the other for each model preset, trainer options, batch size
 and seq_len, on the long-document demo corpus (data=demo_long, its documents made long enough that a row of the
-longest seq_len is one document: the figure is about long documents, not about packing short ones). A row holds
+longest seq_len is one document: the figure is about long documents, not about packing short ones); with --documents
+packed, also on the demo corpus as generated, several documents to a row, which sdpa keeps apart by an explicit
+block-diagonal mask and legalpt by its varlen kernels (a row's `documents` says which corpus it ran on). A row holds
 tokens/s and MFU (medians over the steps after --warmup), peak GPU memory, and whether the job ran out of memory,
 read from the job's metrics.jsonl (scripts/benchmarking/train/runs.py says how). With --profile N the N steps after
 the warmup run under torch.profiler (train.profile_steps, left out of tokens/s) and each row holds where a step's
@@ -42,7 +44,7 @@ from pathlib import Path
 import torch
 from benchmarking import record
 from benchmarking.train.record import SETTING_FIELDS, build, format_longest, format_profiles, format_rows, key
-from benchmarking.train.runs import Jobs, Runner, Setting, demo_data, run_process
+from benchmarking.train.runs import PACKED_DATA, Jobs, Runner, Setting, demo_data, run_process
 from benchmarking.train.search import bounds, next_seq_len, outcome
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -73,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mlp-chunk-tokens", type=int, nargs="+", help="train.mlp_chunk_tokens values")
     parser.add_argument("--precision", nargs="+", choices=("autocast", "bf16-fsdp"),
                         help="train.precision values (bf16-fsdp: FSDP2; one GPU as a one-rank job)")  # fmt: skip
+    parser.add_argument("--documents", nargs="+", choices=("long", "packed"), default=["long"],
+                        help="long: one document fills a row (--doc-tokens); packed: the demo corpus as generated, "
+                             "several documents to a row")  # fmt: skip
     parser.add_argument("--gpus", type=int, default=1, help="processes, one GPU each (accelerate launch when > 1)")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps of a row's job")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of tokens/s and MFU")
@@ -120,7 +125,7 @@ def settings(args: argparse.Namespace) -> list[Setting]:
     offloaded = [value == "true" for value in args.offload_activations] if args.offload_activations else [None]
     grid = itertools.product(
         args.models, args.activation_checkpointing or [None], saved, offloaded, args.mlp_chunk_tokens or [None],
-        args.precision or [None], args.loss_impl or [None], compiled, args.attention,
+        args.precision or [None], args.loss_impl or [None], compiled, args.documents, args.attention,
     )  # fmt: skip
     return [
         Setting(
@@ -134,8 +139,9 @@ def settings(args: argparse.Namespace) -> list[Setting]:
             mlp_chunk_tokens=chunk,
             precision=precision,
             gpus=args.gpus,
+            documents=documents,
         )
-        for model, ckpt, save, offload, chunk, precision, loss, comp, attention in grid
+        for model, ckpt, save, offload, chunk, precision, loss, comp, documents, attention in grid
     ]
 
 
@@ -168,6 +174,8 @@ def header(args: argparse.Namespace, argv: list[str] | None, data: list[str]) ->
         "warmup": args.warmup,
         "search": search if args.search_max else None,
         "data": data,
+        "documents": args.documents,
+        "data_packed": PACKED_DATA if "packed" in args.documents else None,
         "overrides": args.override,
     }
 

@@ -248,6 +248,29 @@ def test_memory_options_name_their_rows(fake_bench, tmp_path):
     assert options(rows[-1]).startswith("full + offloaded + MLP in 64-token chunks + bf16 parameters / ")
 
 
+def test_packed_rows_run_on_the_demo_corpus_beside_long_ones(fake_bench, tmp_path):
+    """--documents long packed: the packed jobs train on the demo corpus as generated (their own legalpt-prepare),
+    the long ones on demo_long; each row names its corpus, and its ratio is against sdpa on the same corpus."""
+    fake = FakeTrainer({"legalpt": 3000, "sdpa": 3000}, {"legalpt": 2.0, "sdpa": 1.0})
+    assert fake_bench.main(fake_args(tmp_path, "--documents", "long", "packed"), runner=fake) == 0
+    record = _record(tmp_path)
+    rows = record["rows"]
+    assert sorted((r["documents"], r["attention"], r["seq_len"]) for r in rows) == sorted(
+        (documents, attention, seq_len)
+        for documents in ("long", "packed")
+        for attention in ("legalpt", "sdpa")
+        for seq_len in (256, 512)
+    )
+    assert all(r["vs_sdpa"] == pytest.approx(2.0) for r in rows if r["attention"] == "legalpt")
+    assert all(("data=demo" in c) != ("data=demo_long" in c) for c in fake.commands)  # one corpus a job
+    assert sum("data=demo" in c for c in fake.commands) == 4
+    assert sorted("data=demo" in c for c in fake.prepared) == [False, False, True, True]  # one per corpus and seq_len
+    assert record["header"]["documents"] == ["long", "packed"] and record["header"]["data_packed"] == ["data=demo"]
+    options = sys.modules["benchmarking.train.record"].options
+    assert "packed documents" in options(next(r for r in rows if r["documents"] == "packed"))
+    assert "packed" not in options(next(r for r in rows if r["documents"] == "long"))
+
+
 def test_a_bad_option_stops_before_any_job(fake_bench, tmp_path):
     fake = FakeTrainer({"legalpt": 3000}, {"legalpt": 1.0})
     with pytest.raises(SystemExit, match=r"train\.activation_checkpointing"):

@@ -9,13 +9,14 @@ longest: per searched setting, the longest seq_len that trained and the shortest
 from __future__ import annotations
 
 SETTING_FIELDS = ("model", "attention", "activation_checkpointing", "save_attention", "offload_activations",
-                  "mlp_chunk_tokens", "precision", "loss_impl", "compile", "gpus")  # fmt: skip
+                  "mlp_chunk_tokens", "precision", "loss_impl", "compile", "gpus", "documents")  # fmt: skip
 ROW_KEY = (*SETTING_FIELDS, "seq_len", "batch_size")
 BASELINE = "sdpa"  # the attention the ratios are against (transformers' sdpa, documents kept apart)
 
 
 # what a field means in records from before it: rows merge with their redone jobs
-ABSENT = {"save_attention": False, "offload_activations": False, "mlp_chunk_tokens": 0, "precision": "autocast"}
+ABSENT = {"save_attention": False, "offload_activations": False, "mlp_chunk_tokens": 0, "precision": "autocast",
+          "documents": "long"}  # fmt: skip
 
 
 def key(row: dict, fields: tuple[str, ...] = ROW_KEY) -> tuple:
@@ -59,6 +60,7 @@ def options(row: dict) -> str:
         "offloaded" if row.get("offload_activations") else "",
         f"MLP in {row['mlp_chunk_tokens']}-token chunks" if row.get("mlp_chunk_tokens") else "",
         "bf16 parameters" if row.get("precision") == "bf16-fsdp" else "",
+        "packed documents" if row.get("documents") == "packed" else "",
     ]
     ckpt = " + ".join([row["activation_checkpointing"] or "–", *filter(None, extras)])
     return f"{ckpt} / {row['loss_impl'] or '–'} / {compiled}"

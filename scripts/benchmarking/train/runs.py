@@ -1,9 +1,10 @@
 """One benchmarked training job: `legalpt-train` with Hydra overrides in a fresh process, so that a CUDA
 out-of-memory leaves nothing behind for the next job, and the row read from the job's metrics.jsonl.
 
-A row is {attention, model, seq_len, batch_size, gpus, activation_checkpointing, save_attention, offload_activations,
-mlp_chunk_tokens, precision, compile, loss_impl, steps, tokens_per_s, mfu, peak_gib, oom, error}, and with --profile
-its `profile` (legalpt.train.profiling's summary). The seven options are the values the job ran with (its composed
+A row is {attention, model, seq_len, batch_size, gpus, documents, activation_checkpointing, save_attention,
+offload_activations, mlp_chunk_tokens, precision, compile, loss_impl, steps, tokens_per_s, mfu, peak_gib, oom, error},
+and with --profile its `profile` (legalpt.train.profiling's summary); documents: the corpus (Setting.documents). The
+seven options are the values the job ran with (its composed
 config), null where this tree's config has no such field; an option the benchmark was not given is not overridden,
 so the script runs on trees from before and after the options exist (those with `train.eval_every=0`, which every
 job sets: held-out evaluation measures nothing here and costs a step's time at long seq_lens). tokens_per_s and mfu
@@ -66,6 +67,8 @@ class Setting:
     mlp_chunk_tokens: int | None = None
     precision: str | None = None  # train.precision; bf16-fsdp runs under FSDP2 (train.distributed=fsdp2)
     gpus: int = 1  # processes (one GPU each)
+    # long: one document fills a row (demo_data); packed: the demo corpus as generated, several documents to a row
+    documents: str = "long"
 
     def overrides(self) -> list[str]:
         given = {name: getattr(self, name) for name in OPTIONS if getattr(self, name) is not None}
@@ -113,6 +116,11 @@ def demo_data(doc_tokens: int) -> list[str]:
     return ["data=demo_long", f"data.synthetic_min_chars={min_chars}", f"data.synthetic_documents={documents}"]
 
 
+# The demo corpus as generated (data=demo: documents of MIN_CHARS to MAX_CHARS characters, about 1k to 45k tokens),
+# so that a row of 8k tokens or more packs several documents, which attention must keep apart
+PACKED_DATA = ["data=demo"]
+
+
 def installed(command: str) -> str:
     """The path of one of legalpt's console scripts."""
     if (path := shutil.which(command)) is None:
@@ -137,7 +145,7 @@ class Jobs:
     """What the jobs of one benchmark run share, and how each runs."""
 
     work: Path  # run folders and logs (a job's folder is removed once its row is read)
-    data: list[str]  # the corpus's overrides (demo_data)
+    data: list[str]  # the long-document corpus's overrides (demo_data); packed settings use PACKED_DATA
     extra: list[str]  # overrides for every job, applied last (--override)
     device: str  # cuda | cpu
     warmup: int  # first steps left out of tokens_per_s and mfu
@@ -151,7 +159,8 @@ class Jobs:
     def plan(self, setting: Setting, seq_len: int, batch_size: int, steps: int, run_dir: Path) -> tuple[list, dict]:
         """The job's overrides and the option values it runs with; raises ConfigError for a bad value, before any
         job starts (the script plans every job first)."""
-        fixed = [*setting.overrides(), *self.data, f"data.seq_len={seq_len}"]
+        data = self.data if setting.documents == "long" else PACKED_DATA
+        fixed = [*setting.overrides(), *data, f"data.seq_len={seq_len}"]
         positions = compose("train", [*fixed, *self.extra]).model.max_position_embeddings
         overrides = [
             *fixed,
@@ -198,6 +207,7 @@ class Jobs:
             "seq_len": seq_len,
             "batch_size": batch_size,
             "gpus": setting.gpus,
+            "documents": setting.documents,
             **options,
             "steps": steps,
             **metrics,
