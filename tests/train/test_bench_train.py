@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-ROW_KEYS = {"attention", "model", "seq_len", "batch_size", "gpus", "activation_checkpointing", "save_attention",
-            "offload_activations", "mlp_chunk_tokens", "precision", "compile", "loss_impl", "steps", "tokens_per_s",
-            "mfu", "peak_gib", "oom", "error", "vs_sdpa"}  # fmt: skip
+ROW_KEYS = {"attention", "model", "seq_len", "batch_size", "gpus", "documents", "activation_checkpointing",
+            "save_attention", "offload_activations", "mlp_chunk_tokens", "precision", "compile", "loss_impl", "steps",
+            "tokens_per_s", "mfu", "peak_gib", "oom", "error", "vs_sdpa"}  # fmt: skip
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 PROFILE = {"steps": 2, "wall_ms": 10.0, "device_busy_ms": 9.0, "kernel_ms": {"attention": 5.0, "matmul": 3.0},
            "longest_kernels_ms": {"fwd_kernel": 5.0}}  # fmt: skip
@@ -95,7 +95,7 @@ def test_a_cpu_dry_run_writes_the_record(bench, tmp_path, capsys):
     ours, sdpa = record["rows"]
     assert (ours["attention"], sdpa["attention"]) == ("legalpt", "sdpa")
     for row in (ours, sdpa):
-        assert set(row) == ROW_KEYS
+        assert set(row) == ROW_KEYS and row["documents"] == "long"
         assert (row["model"], row["seq_len"], row["batch_size"], row["gpus"], row["steps"]) == ("tiny", 256, 1, 1, 3)
         assert row["tokens_per_s"] > 0 and not row["oom"] and row["error"] is None
         assert row["mfu"] is None and row["peak_gib"] is None  # a CPU has neither
