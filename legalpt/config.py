@@ -389,7 +389,9 @@ class TrainConfig:
     eval_citations: int = 0  # citation items continued greedily and scored at each one; 0 = no citation metrics
     eval_documents: int = 0  # held-out documents scored whole for eval/bits_per_byte at each one; 0 = none
     eval_documents_every: int = 0  # steps between them (also at step 0 and at the end); 0 = train.eval_every
-    save_every: int = 50  # steps between resumable checkpoints (also at the end)
+    # steps between resumable checkpoints (also at the end, and on a stop signal); 0 = none (a run that cannot resume)
+    save_every: int = 50
+    export_hf: bool = True  # the trained model as an HF folder (hf/) at the end; false for throughput measurements
     keep_checkpoints: int = 2  # newest resumable checkpoints kept on disk
     resume: str = "auto"  # auto (latest checkpoint in output_dir, if any) | none | path to a checkpoint folder
     log_every: int = 10  # steps between logged metrics
@@ -433,10 +435,10 @@ class TrainConfig:
     def validate(self, key: str = "train") -> None:
         """Raise ConfigError at the first bad field."""
         _expect(bool(self.output_dir), f"{key}.output_dir", "a folder", self.output_dir)
-        _at_least(1, self, key, "steps", "batch_size", "grad_accum", "save_every", "log_every",
-                  "keep_checkpoints")  # fmt: skip
-        _at_least(0, self, key, "eval_every", "warmup_steps", "eval_batches", "eval_citations", "eval_documents",
-                  "eval_documents_every", "profile_steps", "profile_start", "mlp_chunk_tokens")  # fmt: skip
+        _at_least(1, self, key, "steps", "batch_size", "grad_accum", "log_every", "keep_checkpoints")
+        _at_least(0, self, key, "save_every", "eval_every", "warmup_steps", "eval_batches", "eval_citations",
+                  "eval_documents", "eval_documents_every", "profile_steps", "profile_start",
+                  "mlp_chunk_tokens")  # fmt: skip
         _positive(f"{key}.lr", self.lr)
         _expect(0 <= self.min_lr_ratio <= 1, f"{key}.min_lr_ratio", "a number in [0, 1]", self.min_lr_ratio)
         _expect(self.weight_decay >= 0, f"{key}.weight_decay", "a number >= 0", self.weight_decay)

@@ -1,10 +1,11 @@
 """Stopping a training run on request: SIGINT (Ctrl-C) and SIGTERM (a cluster's preemption notice).
 
 While the training loop runs, the first such signal only marks a request: the loop finishes its optimizer step, saves
-a checkpoint and ends, and `legalpt-train` exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as
-a shell reports a process that a signal ended; `train.resume=auto` (the default) continues from that checkpoint. A
-second Ctrl-C aborts at once, without saving. With several processes the ranks reduce their requests at every step
-boundary, so all of them stop after the same step even when the signal reached one of them only.
+a checkpoint (none with train.save_every=0) and ends, and `legalpt-train` exits with 128 + the signal's number (130
+for SIGINT, 143 for SIGTERM), as a shell reports a process that a signal ended; `train.resume=auto` (the default)
+continues from that checkpoint. A second Ctrl-C aborts at once, without saving. With several processes the ranks
+reduce their requests at every step boundary, so all of them stop after the same step even when the signal reached
+one of them only.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ class StopSignals:
     """Context manager around the training loop: while inside, SIGINT and SIGTERM request a stop, and `requested()`
     says at each step boundary whether to stop (the handlers of before come back on exit)."""
 
-    def __init__(self, accelerator: Accelerator):
+    def __init__(self, accelerator: Accelerator, saves: bool = True):
         self.accelerator = accelerator
+        self.saves = saves  # whether the stop saves a checkpoint (train.save_every > 0): what the warning says
         self.signum: int | None = None  # the first signal this process received
         self.received_at = 0.0  # when, by time.monotonic
         self.previous: dict[int, object] = {}  # the handlers to restore
@@ -59,10 +61,8 @@ class StopSignals:
         now = monotonic()
         if self.signum is None:
             self.signum, self.received_at = signum, now
-            log.warning(
-                "%s received: stopping after this step with a checkpoint (a second Ctrl-C aborts without saving)",
-                signal.Signals(signum).name,
-            )
+            then = "with a checkpoint (a second Ctrl-C aborts without saving)" if self.saves else "(train.save_every=0)"
+            log.warning("%s received: stopping after this step %s", signal.Signals(signum).name, then)
         elif signum == signal.SIGINT and now - self.received_at > ECHO_S:
             raise KeyboardInterrupt
 

@@ -60,7 +60,7 @@ class TrainResult:
     """Where a finished run put things, and its held-out losses as (step, loss)."""
 
     run_dir: Path
-    export_dir: Path
+    export_dir: Path | None  # the HF export (None with train.export_hf=false)
     checkpoint: Path | None  # the newest resumable checkpoint (None if none was written or resumed from)
     wandb_dir: str | None
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
@@ -218,7 +218,7 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path 
         accelerator, cfg.logger, cfg.project, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     )
     metrics = MetricsLog(accelerator, run_dir, start_step=step)
-    result = TrainResult(run_dir, export_dir(run_dir), resume_from, wandb_dir)
+    result = TrainResult(run_dir, export_dir(run_dir) if cfg.train.export_hf else None, resume_from, wandb_dir)
     evals = Evaluations(training, metrics, result)
     batches = training.batches(step)
     if step == 0:
@@ -226,7 +226,7 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path 
         if evals.live is not None:
             evals.documents(step)
     train_loop(training, evals, batches, step, tokens)
-    if not result.stopped_by:  # a stopped run is not finished: its resume exports
+    if not result.stopped_by and cfg.train.export_hf:  # a stopped run is not finished: its resume exports
         result.export_dir = training.export()
     accelerator.end_training()
     report_locations(result)
@@ -393,7 +393,8 @@ def train_loop(training: Training, evals: Evaluations, batches: Iterator[dict], 
     batches = meter.counted(batches)  # real tokens and attention pairs, counted on the device
     first_step = step  # with train.compile this process's first step compiles: it gets a window of its own
     profiler = StepProfiler(training.run_dir / "profile", tc.profile_start, tc.profile_steps, accelerator.process_index)
-    with StopSignals(accelerator) as stop:  # SIGINT, SIGTERM: finish the step, save and stop (legalpt.train.interrupt)
+    # SIGINT, SIGTERM: finish the step, save (unless train.save_every=0) and stop (legalpt.train.interrupt)
+    with StopSignals(accelerator, saves=tc.save_every > 0) as stop:
         while step < tc.steps:
             started = time.perf_counter()
             profiler.before_step(step)
@@ -445,7 +446,7 @@ def evaluate_and_save(training: Training, evals: Evaluations, meter: Throughput,
     if not result.stopped_by and evals.live is not None and evals.live.due(step):
         with meter.paused():
             evals.documents(step)
-    if result.stopped_by or step % tc.save_every == 0 or step == tc.steps:
+    if tc.save_every and (result.stopped_by or step % tc.save_every == 0 or step == tc.steps):
         with meter.paused():
             result.checkpoint = training.save(step, tokens)
 
@@ -454,11 +455,14 @@ def report_locations(result: TrainResult) -> None:
     """Tell the user where everything went."""
     if result.stopped_by:
         name = signal.Signals(result.stopped_by).name
-        log.warning("stopped by %s: checkpoint %s; the same command resumes from it", name, result.checkpoint)
+        if result.checkpoint is None:
+            log.warning("stopped by %s: no checkpoint (train.save_every=0); the run cannot resume", name)
+        else:
+            log.warning("stopped by %s: checkpoint %s; the same command resumes from it", name, result.checkpoint)
         return
     lines = [
-        f"checkpoint: {result.checkpoint}",
-        f"HF export:  {result.export_dir}",
+        f"checkpoint: {result.checkpoint or 'none (train.save_every=0)'}",
+        f"HF export:  {result.export_dir or 'none (train.export_hf=false)'}",
         f"wandb run:  {result.wandb_dir or 'off'}",
         f"log:        {result.run_dir / 'train.log'}",
         f"metrics:    {result.run_dir / 'metrics.jsonl'}",

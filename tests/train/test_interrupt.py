@@ -66,23 +66,30 @@ def train_steps_logged(run_dir) -> list[int]:
     return steps
 
 
+def terminated_run(overrides: list[str], run_dir, steps: int) -> tuple[int, str]:
+    """legalpt-train with `overrides` in a process of its own, sent SIGTERM once `steps` steps are logged: its exit
+    status and output (stdout, then stderr)."""
+    process = subprocess.Popen([sys.executable, "-c", TRAIN, *overrides], env=ENV, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    wait_for(lambda: len(train_steps_logged(run_dir)) >= steps, process, f"{steps} logged steps")
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=600)
+    return process.returncode, stdout + stderr
+
+
 def test_sigterm_saves_a_checkpoint_exits_143_and_the_run_resumes_there(tmp_path):
     run_dir = tmp_path / "run"
     common = ("train.batch_size=2", f"train.output_dir={run_dir}", "train.log_every=1", "train.eval_every=10000")
     overrides = tiny_overrides(tmp_path, *common, "train.save_every=10000", steps=10000)
-    process = subprocess.Popen([sys.executable, "-c", TRAIN, *overrides], env=ENV, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    wait_for(lambda: len(train_steps_logged(run_dir)) >= 2, process, "second logged step")
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=600)
+    returncode, output = terminated_run(overrides, run_dir, steps=2)
 
-    assert process.returncode == 143, stderr[-4000:]
+    assert returncode == 143, output[-4000:]
     checkpoint = latest_checkpoint(run_dir)
     assert checkpoint is not None and checkpoint_problem(checkpoint) is None
     stopped_at = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
     assert 2 <= stopped_at < 10000 and checkpoint.name == f"step_{stopped_at:06d}"
     assert train_steps_logged(run_dir)[-1] == stopped_at  # the step that was under way when the signal came
-    assert f"stopped by SIGTERM: checkpoint {checkpoint}; the same command resumes from it" in stdout + stderr
+    assert f"stopped by SIGTERM: checkpoint {checkpoint}; the same command resumes from it" in output
     assert not (run_dir / "hf").exists()  # the run is not finished: no export
 
     resumed = trainer.train(compose("train", tiny_overrides(tmp_path, *common, steps=stopped_at + 2)))
@@ -90,6 +97,20 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_run_resumes_there(tmp_path
     assert resumed.checkpoint.name == f"step_{stopped_at + 2:06d}" and resumed.stopped_by is None
     assert train_steps_logged(run_dir)[-3:] == [stopped_at, stopped_at + 1, stopped_at + 2]
     assert (resumed.export_dir / "config.json").is_file()
+
+
+def test_without_checkpoints_a_signal_stops_the_run_without_saving(tmp_path):
+    """train.save_every=0 (as bench_train's jobs run): the stop ends the run after its step, with nothing written
+    but its metrics and log, and says that it cannot resume."""
+    run_dir = tmp_path / "run"
+    common = ("train.batch_size=2", f"train.output_dir={run_dir}", "train.log_every=1", "train.eval_every=0")
+    overrides = tiny_overrides(tmp_path, *common, "train.save_every=0", steps=10000)
+    returncode, output = terminated_run(overrides, run_dir, steps=1)
+
+    assert returncode == 143, output[-4000:]
+    assert latest_checkpoint(run_dir) is None and not (run_dir / "hf").exists()
+    assert "SIGTERM received: stopping after this step (train.save_every=0)" in output
+    assert "stopped by SIGTERM: no checkpoint (train.save_every=0); the run cannot resume" in output
 
 
 WORKER = r"""

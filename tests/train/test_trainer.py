@@ -65,6 +65,21 @@ def test_tiny_run_writes_checkpoints_export_and_metrics(tmp_path):
     assert model(ids).logits.shape == (1, ids.shape[1], len(tokenizer))
 
 
+def test_a_run_without_checkpoints_or_export_writes_only_its_metrics_and_log(tmp_path):
+    """train.save_every=0 and train.export_hf=false, as throughput measurements run: the steps and their metrics as
+    usual, no checkpoint, no HF folder."""
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(tmp_path, f"train.output_dir={run_dir}", "train.save_every=0", "train.export_hf=false")
+    result = trainer.train(compose("train", overrides))
+
+    assert result.checkpoint is None and result.export_dir is None and latest_checkpoint(run_dir) is None
+    assert not (run_dir / "hf").exists() and not (run_dir / "checkpoints").exists()
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "train/loss" in m] == [2, 4, 6]
+    log = (run_dir / "train.log").read_text()
+    assert "checkpoint: none (train.save_every=0)" in log and "HF export:  none (train.export_hf=false)" in log
+
+
 def test_gradient_accumulation_counts_every_micro_batch(tmp_path):
     """Two micro-batches of one row per optimizer step: each step consumes both, and training still descends."""
     overrides = ("train.steps=3", "train.eval_every=100", "train.grad_clip=0")
@@ -197,7 +212,8 @@ def test_a_micro_batch_without_targets_adds_nothing_instead_of_nan(model_and_bat
 
 
 @pytest.mark.parametrize(
-    "override", ["train.grad_accum=0", "train.eval_every=-1", "train.keep_checkpoints=0", "train.steps=0"]
+    "override",
+    ["train.grad_accum=0", "train.eval_every=-1", "train.save_every=-1", "train.keep_checkpoints=0", "train.steps=0"],
 )
 def test_values_the_loop_cannot_run_with_are_named(tmp_path, override):
     key = override.split("=")[0]

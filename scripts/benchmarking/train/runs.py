@@ -169,8 +169,9 @@ class Jobs:
             f"train.steps={steps}",
             "train.log_every=1",
             "train.eval_every=0",  # no held-out loss: at long seq_lens its two forwards would cost a step's time
-            f"train.save_every={steps}",
-            "train.keep_checkpoints=1",
+            # no checkpoint and no export: nothing is resumed or used, and the 1b preset's would write ~15 GB a job
+            "train.save_every=0",
+            "train.export_hf=false",
             "train.resume=none",
             f"train.output_dir={run_dir}",
             "logger=none",
@@ -199,7 +200,7 @@ class Jobs:
         self.peak = metrics.pop("peak") or self.peak
         summary = run_dir / "profile" / "summary-rank0.json"
         profiled_row = {"profile": json.loads(summary.read_text()) if summary.exists() else None} if profile else {}
-        shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints and the export: gigabytes for the large presets
+        shutil.rmtree(run_dir, ignore_errors=True)  # the job's metrics, log and profile, read above
         oom, error = failure(outcome, self.timeout)
         return {
             "attention": setting.attention,
