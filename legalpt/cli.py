@@ -123,7 +123,7 @@ def train_main(cfg: DictConfig) -> None:
     except KeyboardInterrupt:  # Ctrl-C before training began, or a second one: nothing (more) is saved
         print("legalpt-train: interrupted, nothing saved since the last checkpoint", file=sys.stderr)
         raise SystemExit(exit_status(signal.SIGINT)) from None
-    if result.stopped_by:  # a signal stopped it after a checkpoint (legalpt.train.interrupt)
+    if result.stopped_by:  # a signal stopped it after a step and its checkpoint (legalpt.train.interrupt)
         raise SystemExit(exit_status(result.stopped_by))
 
 

@@ -391,7 +391,9 @@ class TrainConfig:
     eval_documents_every: int = 0  # steps between them (also at step 0 and at the end); 0 = train.eval_every
     # steps between resumable checkpoints (also at the end, and on a stop signal); 0 = none (a run that cannot resume)
     save_every: int = 50
-    export_hf: bool = True  # the trained model as an HF folder (hf/) at the end; false for throughput measurements
+    # the final export: the trained model as an HF folder (hf/; a LoRA run: as train.lora.export says); false for
+    # throughput measurements
+    export_hf: bool = True
     keep_checkpoints: int = 2  # newest resumable checkpoints kept on disk
     resume: str = "auto"  # auto (latest checkpoint in output_dir, if any) | none | path to a checkpoint folder
     log_every: int = 10  # steps between logged metrics

@@ -15,6 +15,8 @@ under sdpa and eager too, and spares training a DynamicCache per step.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -24,12 +26,18 @@ from legalpt.config import ARCHS, DTYPES, ModelConfig, RopeScalingConfig
 
 
 def build_model(
-    cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, base_tokenizer: PreTrainedTokenizerBase | None = None
+    cfg: ModelConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    base_tokenizer: PreTrainedTokenizerBase | None = None,
+    device: torch.device | str | None = None,
 ) -> PreTrainedModel:
     """A causal LM: `cfg.pretrained` loaded, or a new `cfg.arch` decoder sized by `cfg` and `tokenizer`.
 
     `base_tokenizer` is the checkpoint's tokenizer when `tokenizer` extends it: the loaded model then gets rows for
-    the added tokens (a new model is built with the full vocabulary anyway)."""
+    the added tokens (a new model is built with the full vocabulary anyway). `device`: where a new model's weights
+    are created and initialised (None: torch's default device, the CPU unless a `with torch.device(...)` says), so
+    that a GPU run neither initialises a preset's billions of values on the CPU nor holds them in host memory; a
+    checkpoint loads on the CPU."""
     if cfg.dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}; got {cfg.dtype!r}")
     config = None if cfg.pretrained else hf_config(cfg, tokenizer)
@@ -38,7 +46,8 @@ def build_model(
     # DTYPES are the names of torch dtypes
     options = {"attn_implementation": cfg.attn_implementation, "dtype": getattr(torch, cfg.dtype)}
     if config is not None:
-        return _without_default_cache(AutoModelForCausalLM.from_config(config, **options))
+        with contextlib.nullcontext() if device is None else torch.device(device):
+            return _without_default_cache(AutoModelForCausalLM.from_config(config, **options))
     config = AutoConfig.from_pretrained(cfg.pretrained)
     if cfg.rope_scaling.type != "none":
         config.rope_parameters, config.max_position_embeddings = scaled_rope(

@@ -173,7 +173,7 @@ def header(args: argparse.Namespace, argv: list[str] | None, data: list[str]) ->
         "steps": args.steps,
         "warmup": args.warmup,
         "search": search if args.search_max else None,
-        "data": data,
+        "data": data if "long" in args.documents else None,
         "documents": args.documents,
         "data_packed": PACKED_DATA if "packed" in args.documents else None,
         "overrides": args.override,

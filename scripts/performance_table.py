@@ -44,6 +44,16 @@ def commands(head: dict) -> list[str]:
     return ["```bash", *head.get("parts", [head["command"]]), "```", ""]
 
 
+def corpora(head: dict) -> str:
+    """The corpora a training record's rows ran on, with their data overrides."""
+    named = []
+    if head.get("data"):
+        named.append(f"the long-document demo corpus ({' '.join(head['data'])})")
+    if head.get("data_packed"):
+        named.append(f"the demo corpus as generated for the rows of packed documents ({' '.join(head['data_packed'])})")
+    return " and ".join(named)
+
+
 def training() -> list[str]:
     """Each GPU's training record: legalpt against sdpa through the same trainer, and the longest seq_len that trains
     (a CPU dry run is no figure and is left out)."""
@@ -57,9 +67,8 @@ def training() -> list[str]:
         lines += [
             f"## Training on the {h['gpu']} (`scripts/bench_train.py`)",
             "",
-            f"`legalpt-train` in a fresh process per job on the long-document demo corpus ({' '.join(h['data'])}); "
-            f"tokens/s and MFU are medians over the steps after the first {h['warmup']} of {h['steps']}; {against}. "
-            f"{provenance(h, path)}",
+            f"`legalpt-train` in a fresh process per job on {corpora(h)}; tokens/s and MFU are medians over the steps "
+            f"after the first {h['warmup']} of {h['steps']}; {against}. {provenance(h, path)}",
             "",
             *commands(h),
             "| model | attention | seq_len | batch × GPUs | checkpointing / loss / compile | tokens/s | MFU | peak GiB "

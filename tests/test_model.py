@@ -104,6 +104,13 @@ def test_count_parameters_counts_tied_embeddings_once(tiny_model_config):
     assert untied - tied == 1000 * 64
 
 
+def test_a_new_model_is_created_on_the_device_asked_for(tiny_model_config):
+    """`device`: a new model's weights are made there (the trainer's GPU), else on the CPU."""
+    on_meta = build_model(tiny_model_config(), make_tokenizer(300), device="meta")
+    assert {t.device.type for t in [*on_meta.parameters(), *on_meta.buffers()]} == {"meta"}
+    assert {p.device.type for p in build_model(tiny_model_config(), make_tokenizer(300)).parameters()} == {"cpu"}
+
+
 def test_pretrained_checkpoint_loads_with_its_tokenizer(tmp_path, tiny_model_config):
     tokenizer = make_tokenizer(300)
     saved = build_model(tiny_model_config(attn_implementation="sdpa"), tokenizer)

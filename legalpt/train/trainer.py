@@ -64,7 +64,9 @@ class TrainResult:
     checkpoint: Path | None  # the newest resumable checkpoint (None if none was written or resumed from)
     wandb_dir: str | None
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
-    stopped_by: int | None = None  # the signal that stopped the run after saving a checkpoint; None: it finished
+    # the signal that stopped the run after its step (and that step's checkpoint, unless train.save_every=0); None: it
+    # finished
+    stopped_by: int | None = None
 
 
 def make_loader(
@@ -229,7 +231,7 @@ def run(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path 
     if not result.stopped_by and cfg.train.export_hf:  # a stopped run is not finished: its resume exports
         result.export_dir = training.export()
     accelerator.end_training()
-    report_locations(result)
+    report_locations(result, saves=cfg.train.save_every > 0)
     return result
 
 
@@ -259,7 +261,7 @@ def build_train_model(cfg: Config, data: PreparedData | StreamedData, accelerato
     # from_pretrained returns a model in eval mode. A checkpoint whose tokenizer data.extend_tokenizer extended gets
     # embedding rows for the added tokens (streaming does not extend).
     base_tokenizer = None if cfg.data.streaming else data.base_tokenizer
-    model = build_model(cfg.model, data.tokenizer, base_tokenizer).to(accelerator.device).train()
+    model = build_model(cfg.model, data.tokenizer, base_tokenizer, accelerator.device).to(accelerator.device).train()
     log.info("model: %s, %.1fM parameters", cfg.model.pretrained or cfg.model.arch, count_parameters(model) / 1e6)
     # On the plain HF model, so that DDP's and FSDP's wrappers see the recomputing layers and the chunked loss.
     apply_activation_checkpointing(
@@ -385,7 +387,8 @@ class Evaluations:
 
 def train_loop(training: Training, evals: Evaluations, batches: Iterator[dict], step: int, tokens: int) -> None:
     """Steps from `step` (`tokens` row slots consumed so far) to train.steps, logging, evaluating and saving on the
-    way; a stop signal ends it once the step it came in is saved (evals.result.stopped_by says which)."""
+    way; a stop signal ends it once the step it came in is done and saved, unless train.save_every=0
+    (evals.result.stopped_by says which)."""
     tc, accelerator, model, scheduler = training.cfg.train, training.accelerator, training.model, training.scheduler
     bar = tqdm(total=tc.steps, initial=step, desc="train", disable=not accelerator.is_local_main_process)
     peak = device_peak(accelerator.device, tc.peak_tflops)
@@ -451,17 +454,20 @@ def evaluate_and_save(training: Training, evals: Evaluations, meter: Throughput,
             result.checkpoint = training.save(step, tokens)
 
 
-def report_locations(result: TrainResult) -> None:
-    """Tell the user where everything went."""
+def report_locations(result: TrainResult, saves: bool) -> None:
+    """Tell the user where everything went; `saves`: whether the run writes checkpoints (train.save_every > 0), else
+    result.checkpoint is the one it resumed from, if any."""
+    resumes = f"the same command resumes from {result.checkpoint}" if result.checkpoint else "the run cannot resume"
     if result.stopped_by:
         name = signal.Signals(result.stopped_by).name
-        if result.checkpoint is None:
-            log.warning("stopped by %s: no checkpoint (train.save_every=0); the run cannot resume", name)
-        else:
+        if saves:
             log.warning("stopped by %s: checkpoint %s; the same command resumes from it", name, result.checkpoint)
+        else:
+            log.warning("stopped by %s without a checkpoint (train.save_every=0): %s", name, resumes)
         return
+    checkpoint = result.checkpoint if saves else f"none saved (train.save_every=0): {resumes}"
     lines = [
-        f"checkpoint: {result.checkpoint or 'none (train.save_every=0)'}",
+        f"checkpoint: {checkpoint}",
         f"HF export:  {result.export_dir or 'none (train.export_hf=false)'}",
         f"wandb run:  {result.wandb_dir or 'off'}",
         f"log:        {result.run_dir / 'train.log'}",

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 ROW_KEYS = {"attention", "model", "seq_len", "batch_size", "gpus", "documents", "activation_checkpointing",
@@ -37,10 +38,11 @@ def _record(out: Path) -> dict:
 
 class FakeTrainer:
     """Stands in for legalpt-train: a job fits when seq_len <= capacity[attention]; one that fits writes
-    metrics.jsonl with a slow first step, then `speed[attention]` tokens/s for every other step."""
+    metrics.jsonl with a slow first step, then `speed[attention]` tokens/s for every other step (times `packed`
+    on the demo corpus as generated)."""
 
-    def __init__(self, capacity: dict, speed: dict, fail: str | None = None):
-        self.capacity, self.speed, self.fail = capacity, speed, fail
+    def __init__(self, capacity: dict, speed: dict, fail: str | None = None, packed: dict | None = None):
+        self.capacity, self.speed, self.fail, self.packed = capacity, speed, fail, packed or {}
         self.commands: list[list[str]] = []  # legalpt-train's
         self.prepared: list[list[str]] = []  # legalpt-prepare's
 
@@ -63,6 +65,7 @@ class FakeTrainer:
             start, count = int(given.get("train.profile_start", 0)), int(given.get("train.profile_steps", 0))
             for step in range(1, int(given["train.steps"]) + 1):
                 speed = self.speed[attention] * (0.1 if step == 1 else 1 + step / 100)
+                speed *= self.packed.get(attention, 1.0) if given["data"] == "demo" else 1.0
                 speed *= 0.5 if start < step <= start + count else 1  # the profiler slows its steps down
                 metrics = {"train/tokens_per_s": speed, "train/mfu": speed / 1e6, "train/peak_gib": seq_len / 100}
                 peak = {"train/mfu_peak": "Fake GPU (dense bf16 table)", "train/mfu_peak_tflops": 1.0}
@@ -248,27 +251,58 @@ def test_memory_options_name_their_rows(fake_bench, tmp_path):
     assert options(rows[-1]).startswith("full + offloaded + MLP in 64-token chunks + bf16 parameters / ")
 
 
-def test_packed_rows_run_on_the_demo_corpus_beside_long_ones(fake_bench, tmp_path):
+def test_packed_rows_run_on_the_demo_corpus_beside_long_ones(fake_bench, tmp_path, monkeypatch, load_script):
     """--documents long packed: the packed jobs train on the demo corpus as generated (their own legalpt-prepare),
-    the long ones on demo_long; each row names its corpus, and its ratio is against sdpa on the same corpus."""
-    fake = FakeTrainer({"legalpt": 3000, "sdpa": 3000}, {"legalpt": 2.0, "sdpa": 1.0})
-    assert fake_bench.main(fake_args(tmp_path, "--documents", "long", "packed"), runner=fake) == 0
+    the long ones on demo_long; each row names its corpus, its ratio is against sdpa on the same corpus, the search
+    keeps the corpora apart, and the performance table names both."""
+    fake = FakeTrainer({"legalpt": 3000, "sdpa": 300}, {"legalpt": 2.0, "sdpa": 1.0}, packed={"sdpa": 0.5})
+    more = ["--documents", "long", "packed", "--search-max", "4096"]
+    assert fake_bench.main(fake_args(tmp_path, *more), runner=fake) == 0
     record = _record(tmp_path)
-    rows = record["rows"]
-    assert sorted((r["documents"], r["attention"], r["seq_len"]) for r in rows) == sorted(
-        (documents, attention, seq_len)
-        for documents in ("long", "packed")
-        for attention in ("legalpt", "sdpa")
-        for seq_len in (256, 512)
-    )
-    assert all(r["vs_sdpa"] == pytest.approx(2.0) for r in rows if r["attention"] == "legalpt")
+    rows = [r for r in record["rows"] if not r["oom"]]
+    assert {(r["documents"], r["attention"]) for r in rows} == {
+        (documents, attention) for documents in ("long", "packed") for attention in ("legalpt", "sdpa")
+    }
+    ratios = {r["documents"]: r["vs_sdpa"] for r in rows if r["attention"] == "legalpt" and r["seq_len"] == 256}
+    assert ratios == {"long": pytest.approx(2.0), "packed": pytest.approx(4.0)}
     assert all(("data=demo" in c) != ("data=demo_long" in c) for c in fake.commands)  # one corpus a job
-    assert sum("data=demo" in c for c in fake.commands) == 4
-    assert sorted("data=demo" in c for c in fake.prepared) == [False, False, True, True]  # one per corpus and seq_len
+    packed_jobs = [c for c in fake.commands if "data=demo" in c]
+    assert 0 < len(packed_jobs) < len(fake.commands) and {"data=demo" in c for c in fake.prepared} == {True, False}
+    assert sorted((e["attention"], e["documents"]) for e in record["longest"]) == sorted(
+        (attention, documents) for attention in ("legalpt", "sdpa") for documents in ("long", "packed")
+    )
     assert record["header"]["documents"] == ["long", "packed"] and record["header"]["data_packed"] == ["data=demo"]
     options = sys.modules["benchmarking.train.record"].options
     assert "packed documents" in options(next(r for r in rows if r["documents"] == "packed"))
     assert "packed" not in options(next(r for r in rows if r["documents"] == "long"))
+
+    table = load_script("performance_table")
+    monkeypatch.setattr(table, "RESULTS", tmp_path)
+    record["header"] |= {"gpu": "Fake GPU", "gpu_count": 1}
+    next(tmp_path.glob("train-*.json")).write_text(json.dumps(record))
+    text = "\n".join(table.training())
+    assert "the long-document demo corpus (data=demo_long" in text
+    assert "the demo corpus as generated for the rows of packed documents (data=demo)" in text
+
+
+def test_a_merged_part_keeps_the_corpora_of_the_parts_before(fake_bench, tmp_path):
+    """A long-only part merged into a record with packed rows: the header still names the packed corpus."""
+    fake = FakeTrainer({"legalpt": 3000, "sdpa": 3000}, {"legalpt": 2.0, "sdpa": 1.0})
+    assert fake_bench.main(fake_args(tmp_path, "--documents", "packed"), runner=fake) == 0
+    assert _record(tmp_path)["header"]["data"] is None  # no job ran on the long corpus
+    assert fake_bench.main(fake_args(tmp_path, "--merge"), runner=fake) == 0
+    head = _record(tmp_path)["header"]
+    assert head["documents"] == ["long", "packed"] and head["data_packed"] == ["data=demo"]
+    assert "data=demo_long" in head["data"]
+
+
+def test_jobs_save_nothing_where_the_tree_can_skip_it(bench, monkeypatch):
+    """No checkpoint and no export per job; a tree from before train.export_hf saves one checkpoint at the end."""
+    runs = sys.modules["benchmarking.train.runs"]
+    assert runs.no_saving(5) == ["train.save_every=0", "train.export_hf=false"]
+    older = OmegaConf.create({"train": {"save_every": 50}})
+    monkeypatch.setattr(runs, "_schema", lambda: older)
+    assert runs.no_saving(5) == ["train.save_every=5", "train.keep_checkpoints=1"]
 
 
 def test_a_bad_option_stops_before_any_job(fake_bench, tmp_path):

@@ -110,7 +110,7 @@ def test_without_checkpoints_a_signal_stops_the_run_without_saving(tmp_path):
     assert returncode == 143, output[-4000:]
     assert latest_checkpoint(run_dir) is None and not (run_dir / "hf").exists()
     assert "SIGTERM received: stopping after this step (train.save_every=0)" in output
-    assert "stopped by SIGTERM: no checkpoint (train.save_every=0); the run cannot resume" in output
+    assert "stopped by SIGTERM without a checkpoint (train.save_every=0): the run cannot resume" in output
 
 
 WORKER = r"""

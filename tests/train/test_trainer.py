@@ -2,8 +2,10 @@
 
 import itertools
 import json
+import logging
 import math
 import os
+import signal
 
 import pytest
 import torch
@@ -77,7 +79,23 @@ def test_a_run_without_checkpoints_or_export_writes_only_its_metrics_and_log(tmp
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "train/loss" in m] == [2, 4, 6]
     log = (run_dir / "train.log").read_text()
-    assert "checkpoint: none (train.save_every=0)" in log and "HF export:  none (train.export_hf=false)" in log
+    assert "checkpoint: none saved (train.save_every=0): the run cannot resume" in log
+    assert "HF export:  none (train.export_hf=false)" in log
+
+
+def test_a_run_without_checkpoints_names_the_one_it_resumed_from(tmp_path, caplog):
+    """After a resume, train.save_every=0 leaves the resumed checkpoint the one to resume from: the report says so,
+    stopped or finished, and does not call it this run's."""
+    resumed = tmp_path / "checkpoints" / "step_000004"
+    result = trainer.TrainResult(tmp_path, None, resumed, None)
+    with caplog.at_level(logging.INFO, logger=trainer.__name__):
+        trainer.report_locations(result, saves=False)
+        result.stopped_by = signal.SIGTERM
+        trainer.report_locations(result, saves=False)
+    assert f"checkpoint: none saved (train.save_every=0): the same command resumes from {resumed}" in caplog.text
+    assert f"stopped by SIGTERM without a checkpoint (train.save_every=0): the same command resumes from {resumed}" in (
+        caplog.text
+    )
 
 
 def test_gradient_accumulation_counts_every_micro_batch(tmp_path):

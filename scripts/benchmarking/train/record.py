@@ -37,12 +37,18 @@ def with_ratios(rows: list[dict]) -> list[dict]:
 
 def build(head: dict, rows: list[dict], tries: list[dict], longest: list[dict], old: dict | None) -> dict:
     """The record of this run's jobs, added to `old` (the record --merge adds to) when given: the old entries that
-    this run did not redo are kept, and every part's command is in the header."""
+    this run did not redo are kept, every part's command is in the header, and so are the corpora of every part."""
     if old is not None:
         rows = _union(old["rows"], rows, ROW_KEY)
         tries = _union(old.get("search", []), tries, ROW_KEY)
         longest = _union(old.get("longest", []), longest, SETTING_FIELDS)
-        head = {**head, "parts": [*old["header"].get("parts", [old["header"]["command"]]), head["command"]]}
+        before = old["header"]
+        head = {
+            **head,
+            "parts": [*before.get("parts", [before["command"]]), head["command"]],
+            "documents": sorted({*before.get("documents", ["long"]), *head.get("documents", ["long"])}),
+            **{corpus: head.get(corpus) or before.get(corpus) for corpus in ("data", "data_packed")},
+        }
     return {"header": head, "rows": with_ratios(rows), "search": tries, "longest": longest}
 
 

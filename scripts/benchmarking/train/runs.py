@@ -4,10 +4,11 @@ out-of-memory leaves nothing behind for the next job, and the row read from the 
 A row is {attention, model, seq_len, batch_size, gpus, documents, activation_checkpointing, save_attention,
 offload_activations, mlp_chunk_tokens, precision, compile, loss_impl, steps, tokens_per_s, mfu, peak_gib, oom, error},
 and with --profile its `profile` (legalpt.train.profiling's summary); documents: the corpus (Setting.documents). The
-seven options are the values the job ran with (its composed
-config), null where this tree's config has no such field; an option the benchmark was not given is not overridden,
-so the script runs on trees from before and after the options exist (those with `train.eval_every=0`, which every
-job sets: held-out evaluation measures nothing here and costs a step's time at long seq_lens). tokens_per_s and mfu
+seven options are the values the job ran with (its composed config), null where this tree's config has no such
+field; an option the benchmark was not given is not overridden, so the script runs on trees from before and after
+the options exist (those with `train.eval_every=0`, which every job sets: held-out evaluation measures nothing here
+and costs a step's time at long seq_lens). A job writes no checkpoint and no export where the tree can skip them
+(`no_saving`). tokens_per_s and mfu
 are medians over the steps after the first `warmup` (train.log_every=1 makes each step its own window), peak_gib the
 largest peak; a metric the trainer does not log (MFU and peak memory on a CPU) is null. oom: the job failed out of
 memory (CUDA's error, or a SIGKILL, as the host's OOM killer sends); error: the last error line of any other
@@ -19,6 +20,7 @@ timeout and the first steps measure training alone.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -33,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from legalpt.config import compose, to_config
 from legalpt.data.demo import MAX_CHARS, MIN_CHARS
@@ -121,6 +123,20 @@ def demo_data(doc_tokens: int) -> list[str]:
 PACKED_DATA = ["data=demo"]
 
 
+def no_saving(steps: int) -> list[str]:
+    """Overrides for a job without a checkpoint or an export (nothing is resumed or used, and the 1b preset's would
+    write ~15 GB a job); on trees from before train.export_hf, one checkpoint at the end."""
+    if OmegaConf.select(_schema(), "train.export_hf", default=None) is None:
+        return [f"train.save_every={steps}", "train.keep_checkpoints=1"]
+    return ["train.save_every=0", "train.export_hf=false"]
+
+
+@functools.cache
+def _schema() -> DictConfig:
+    """The training config of the legalpt on the path, composed once."""
+    return compose("train", [])
+
+
 def installed(command: str) -> str:
     """The path of one of legalpt's console scripts."""
     if (path := shutil.which(command)) is None:
@@ -169,9 +185,7 @@ class Jobs:
             f"train.steps={steps}",
             "train.log_every=1",
             "train.eval_every=0",  # no held-out loss: at long seq_lens its two forwards would cost a step's time
-            # no checkpoint and no export: nothing is resumed or used, and the 1b preset's would write ~15 GB a job
-            "train.save_every=0",
-            "train.export_hf=false",
+            *no_saving(steps),
             "train.resume=none",
             f"train.output_dir={run_dir}",
             "logger=none",
