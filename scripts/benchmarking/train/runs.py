@@ -8,11 +8,11 @@ seven options are the values the job ran with (its composed config), null where 
 field; an option the benchmark was not given is not overridden, so the script runs on trees from before and after
 the options exist (those with `train.eval_every=0`, which every job sets: held-out evaluation measures nothing here
 and costs a step's time at long seq_lens). A job writes no checkpoint and no export where the tree can skip them
-(`no_saving`). tokens_per_s and mfu
-are medians over the steps after the first `warmup` (train.log_every=1 makes each step its own window), peak_gib the
-largest peak; a metric the trainer does not log (MFU and peak memory on a CPU) is null. oom: the job failed out of
-memory (CUDA's error, or a SIGKILL, as the host's OOM killer sends); error: the last error line of any other
-failure, or the timeout, and for an oom which memory ran out (CUDA's line, naming the allocation, or the SIGKILL).
+(`no_saving`). tokens_per_s and mfu are medians over the steps after the first `warmup` (train.log_every=1 makes
+each step its own window), peak_gib the largest peak; a metric the trainer does not log (MFU and peak memory on a
+CPU) is null. oom: the job failed out of memory (CUDA's error, or a SIGKILL, as the host's OOM killer sends); error:
+the last error line of any other failure, or the timeout, and for an oom which memory ran out (CUDA's line, naming
+the allocation, or the SIGKILL).
 
 A job's packed data is built before it, untimed, by `legalpt-prepare` (once per data configuration), so that the
 timeout and the first steps measure training alone.
