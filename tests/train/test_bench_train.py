@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from legalpt.config import compose
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 ROW_KEYS = {"attention", "model", "seq_len", "batch_size", "gpus", "documents", "activation_checkpointing",
             "save_attention", "offload_activations", "mlp_chunk_tokens", "precision", "compile", "loss_impl", "steps",
@@ -296,13 +298,12 @@ def test_a_merged_part_keeps_the_corpora_of_the_parts_before(fake_bench, tmp_pat
     assert "data=demo_long" in head["data"]
 
 
-def test_jobs_save_nothing_where_the_tree_can_skip_it(bench, monkeypatch):
+def test_jobs_save_nothing_where_the_tree_can_skip_it(bench):
     """No checkpoint and no export per job; a tree from before train.export_hf saves one checkpoint at the end."""
     runs = sys.modules["benchmarking.train.runs"]
-    assert runs.no_saving(5) == ["train.save_every=0", "train.export_hf=false"]
+    assert runs.no_saving(5, compose("train", [])) == ["train.save_every=0", "train.export_hf=false"]
     older = OmegaConf.create({"train": {"save_every": 50}})
-    monkeypatch.setattr(runs, "_schema", lambda: older)
-    assert runs.no_saving(5) == ["train.save_every=5", "train.keep_checkpoints=1"]
+    assert runs.no_saving(5, older) == ["train.save_every=5", "train.keep_checkpoints=1"]
 
 
 def test_a_bad_option_stops_before_any_job(fake_bench, tmp_path):

@@ -20,7 +20,6 @@ timeout and the first steps measure training alone.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import math
@@ -123,18 +122,12 @@ def demo_data(doc_tokens: int) -> list[str]:
 PACKED_DATA = ["data=demo"]
 
 
-def no_saving(steps: int) -> list[str]:
+def no_saving(steps: int, cfg: DictConfig) -> list[str]:
     """Overrides for a job without a checkpoint or an export (nothing is resumed or used, and the 1b preset's would
-    write ~15 GB a job); on trees from before train.export_hf, one checkpoint at the end."""
-    if OmegaConf.select(_schema(), "train.export_hf", default=None) is None:
+    write ~15 GB a job); on trees whose config `cfg` has no train.export_hf, one checkpoint at the end."""
+    if OmegaConf.select(cfg, "train.export_hf", default=None) is None:
         return [f"train.save_every={steps}", "train.keep_checkpoints=1"]
     return ["train.save_every=0", "train.export_hf=false"]
-
-
-@functools.cache
-def _schema() -> DictConfig:
-    """The training config of the legalpt on the path, composed once."""
-    return compose("train", [])
 
 
 def installed(command: str) -> str:
@@ -177,7 +170,8 @@ class Jobs:
         job starts (the script plans every job first)."""
         data = self.data if setting.documents == "long" else PACKED_DATA
         fixed = [*setting.overrides(), *data, f"data.seq_len={seq_len}"]
-        positions = compose("train", [*fixed, *self.extra]).model.max_position_embeddings
+        base = compose("train", [*fixed, *self.extra])
+        positions = base.model.max_position_embeddings
         overrides = [
             *fixed,
             *([f"model.max_position_embeddings={seq_len}"] if seq_len > positions else []),  # RoPE reaches the row
@@ -185,7 +179,7 @@ class Jobs:
             f"train.steps={steps}",
             "train.log_every=1",
             "train.eval_every=0",  # no held-out loss: at long seq_lens its two forwards would cost a step's time
-            *no_saving(steps),
+            *no_saving(steps, base),
             "train.resume=none",
             f"train.output_dir={run_dir}",
             "logger=none",
