@@ -85,33 +85,45 @@ def can_group(q: Tensor, k_cache: Tensor, v_cache: Tensor, rows: list[int], spec
 
 @dataclass(frozen=True)
 class GroupedDecode:
-    """A decoding step as documents of (entry, key head, part): the batch the backend runs, and its merge."""
+    """A decoding step as documents of (entry, key head, part), planned once for every layer of the step (`batch`
+    gives a layer's inputs as views of its cache), and the merge of the parts."""
 
-    batch: AttentionBatch
+    cu_seqlens_q: Tensor
+    cu_seqlens_k: Tensor
+    keys: int  # slots read, from the start of the head-major cache's (entry, key head) rows
+    max_seqlen_k: int
     parts: int  # split-KV parts of each (entry, key head)
     heads: int  # query heads
     kv_heads: int
+    spec: MaskSpec  # without positions: a lone last query sees every key of its document
+    scale: float
+    softcap: float
 
     @classmethod
     def plan(
-        cls, q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Slots, spec: MaskSpec, scale: float, softcap: float,
-        num_splits: int,
-    ) -> GroupedDecode:  # fmt: skip
+        cls, q: Tensor, k_cache: Tensor, slots: Slots, spec: MaskSpec, scale: float, softcap: float, num_splits: int
+    ) -> GroupedDecode:
         """q (B, 1, H, D) over the caches' visible slots (`slots`, new keys included: appended before the run)."""
-        batch_size, heads, head_dim = q.shape[0], q.shape[2], q.shape[3]
+        batch_size, heads = q.shape[0], q.shape[2]
         kv_heads, seqlen_cache = k_cache.shape[2], k_cache.shape[1]
         group = heads // kv_heads
         parts = num_splits or split_heuristic(q.device, batch_size * kv_heads, max(slots.lengths, default=0))
         key = (tuple(slots.rows), tuple(slots.starts), tuple(slots.ends), kv_heads, seqlen_cache, parts, group)
         bounds_q, bounds_k, max_seqlen_k = _grouped_bounds(*key)
-        k_keys, v_keys = (c.permute(0, 2, 1, 3).reshape(-1, 1, head_dim)[: bounds_k[-1]] for c in (k_cache, v_cache))
+        cu_seqlens_q, cu_seqlens_k = (on_device(b, q.device) for b in (bounds_q, bounds_k))
+        no_positions = dataclasses.replace(spec, causal=False, window=(-1, -1))
+        return cls(cu_seqlens_q, cu_seqlens_k, bounds_k[-1], max_seqlen_k, parts, heads, kv_heads, no_positions, scale,
+                   softcap)  # fmt: skip
+
+    def batch(self, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> AttentionBatch:
+        """The varlen batch of one layer: q (B, 1, H, D) over its caches (B, S, Hk, D), head-major in memory."""
+        group, head_dim = self.heads // self.kv_heads, q.shape[-1]
+        k_keys, v_keys = (c.permute(0, 2, 1, 3).reshape(-1, 1, head_dim)[: self.keys] for c in (k_cache, v_cache))
         # (B * Hk * parts * group, 1, D): entry, key head, part, then the group's query heads
-        queries = q.reshape(batch_size, kv_heads, 1, group, head_dim).expand(-1, -1, parts, -1, -1)
+        queries = q.reshape(-1, self.kv_heads, 1, group, head_dim).expand(-1, -1, self.parts, -1, -1)
         queries = queries.reshape(-1, 1, head_dim)
-        no_positions = dataclasses.replace(spec, causal=False, window=(-1, -1))  # a lone last query sees every key
-        batch = documents(queries, k_keys, v_keys, bounds_q, bounds_k, group, max_seqlen_k, no_positions, scale,
-                          softcap)  # fmt: skip
-        return cls(batch, parts, heads, kv_heads)
+        return AttentionBatch(queries, k_keys, v_keys, self.cu_seqlens_q, self.cu_seqlens_k, group, self.max_seqlen_k,
+                              self.spec, self.scale, self.softcap)  # fmt: skip
 
     def merge(self, out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
         """The backend's (B * Hk * parts * group, 1, D) outputs and (1, same) logsumexps as (B, 1, H, D) and

@@ -8,12 +8,15 @@ Computation: the chosen backend's varlen path, the same code as `flash_attn_varl
 softmax on CPU; our kernels on a GPU), one document per batch entry, the cache read where it lies when its layout
 allows (decode.py: flash-attn's layout with rows in order; transformers' head-major layout when decoding, each GQA
 group in one query tile and the keys split in `num_splits` parts) and gathered into a packed copy otherwise. The
-results do not depend on `num_splits` beyond rounding. Rotary embeddings, a paged cache (`block_table`) and ALiBi
-raise instead of being ignored. No backward, as in flash-attn.
+results do not depend on `num_splits` beyond rounding. The checks and that plan are worked out once for the layers of
+a decoding step, which pass arguments alike (`_Call`): a layer's host work is then views of its cache and a launch.
+Rotary embeddings, a paged cache (`block_table`) and ALiBi raise instead of being ignored. No backward, as in
+flash-attn.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -74,31 +77,25 @@ def flash_attn_with_kvcache(
     softmax_lse (B, H, Sq) float32). A query that sees no key gets output 0 and logsumexp -inf. backend overrides the
     default, as in `flash_attn_func`.
     """
-    _check_tensors(q, k_cache, v_cache, k, v)
-    _check_flags(rotary_cos, rotary_sin, block_table, rotary_interleaved, num_splits, return_softmax_lse, backend)
-    slots = _cached_slots(q, k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad)
+    given = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+             return_softmax_lse, backend)  # fmt: skip
+    call = _Call.cached(*given)
     batch_size, seqlen_q = q.shape[:2]
-    max_seqlen_k = max(slots.lengths, default=0)
-    spec, scale = api._check_options(
-        q, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes, False, False, 0, 1, None, (128, 128),
-        seqlen_q, max_seqlen_k, batch_size,
-    )  # fmt: skip
-    grouped = None
-    if decode.can_group(q, k_cache, v_cache, slots.rows, spec):
-        grouped = decode.GroupedDecode.plan(q, k_cache, v_cache, slots, spec, scale, softcap, num_splits)
     with torch.no_grad():
-        if grouped:
-            batch = grouped.batch
-        elif decode.readable_in_place(k_cache, v_cache, slots.rows):
-            batch = decode.cache_batch(q, k_cache, v_cache, slots, spec, scale, softcap)
+        if call.grouped:
+            batch = call.grouped.batch(q, k_cache, v_cache)
+        elif decode.readable_in_place(k_cache, v_cache, call.slots.rows):
+            batch = decode.cache_batch(q, k_cache, v_cache, call.slots, call.spec, call.scale, softcap)
         else:
-            batch = _packed_batch(q, k_cache, v_cache, k, v, slots, max_seqlen_k, spec, scale, softcap)
+            batch = _packed_batch(q, k_cache, v_cache, k, v, call.slots, call.spec, call.scale, softcap)
         chosen = api._resolve_backend(backend, return_softmax_lse, batch, "return_softmax_lse")
+        grouped = call.grouped
         if grouped and grouped.parts > 1 and not chosen.returns_lse:  # parts merge by their logsumexp: keep one
-            grouped = decode.GroupedDecode.plan(q, k_cache, v_cache, slots, spec, scale, softcap, num_splits=1)
-            batch = grouped.batch
+            grouped = decode.GroupedDecode.plan(q, k_cache, call.slots, call.spec, call.scale, softcap, num_splits=1)
+            batch = grouped.batch(q, k_cache, v_cache)
         if k is not None:  # after every check: a refused call leaves the cache as it was
-            _append(k_cache, v_cache, k, v, slots)
+            _append(k_cache, v_cache, k, v, call.slots)
         out, lse = chosen.attention(batch)
         if grouped:
             out, lse = grouped.merge(out, lse)
@@ -108,6 +105,63 @@ def flash_attn_with_kvcache(
     if grouped:
         return out, lse
     return out, lse.view(q.shape[2], batch_size, seqlen_q).transpose(0, 1).contiguous()  # (H, B*Sq) -> (B, H, Sq)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What a call's arguments decide, checked: where each entry's keys sit, the mask, the softmax scale, and the
+    plan of a decoding step over a head-major cache (else None). The layers of a step pass arguments alike (shapes,
+    dtypes, options, the same cache_seqlens/cache_leftpad tensors), so it is worked out once per step."""
+
+    slots: Slots
+    spec: MaskSpec
+    scale: float
+    grouped: decode.GroupedDecode | None
+
+    @classmethod
+    def cached(cls, *args) -> _Call:
+        """`_Call.check(*args)`, kept for calls whose tensors have the same shapes, strides, dtypes and devices,
+        whose cache_seqlens, cache_batch_idx and cache_leftpad are the same tensors (unchanged: tensor_cache.py),
+        and whose other arguments are equal."""
+        tensors = [x for x in args[7:10] if isinstance(x, Tensor)]  # cache_seqlens, cache_batch_idx, cache_leftpad
+        key = (*(_signature(x) for x in args), os.environ.get(api.BACKEND_ENV), api.get_backend())
+        try:
+            hash(key)
+        except TypeError:  # an argument of a type no call accepts: the checks say which
+            return cls.check(*args)
+        return _calls.get(tensors, key, lambda: cls.check(*args))
+
+    @classmethod
+    def check(
+        cls, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+        block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+        return_softmax_lse, backend,
+    ) -> _Call:  # fmt: skip
+        """Check every argument (the values of cache_seqlens, cache_batch_idx and cache_leftpad included: a host
+        sync when they are on a GPU) and plan the call."""
+        _check_tensors(q, k_cache, v_cache, k, v)
+        _check_flags(rotary_cos, rotary_sin, block_table, rotary_interleaved, num_splits, return_softmax_lse, backend)
+        slots = _read_slots(q, k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad)
+        batch_size, seqlen_q = q.shape[:2]
+        spec, scale = api._check_options(
+            q, 0.0, softmax_scale, causal, window_size, softcap, alibi_slopes, False, False, 0, 1, None, (128, 128),
+            seqlen_q, max(slots.lengths, default=0), batch_size,
+        )  # fmt: skip
+        grouped = None
+        if decode.can_group(q, k_cache, v_cache, slots.rows, spec):
+            grouped = decode.GroupedDecode.plan(q, k_cache, slots, spec, scale, softcap, num_splits)
+        return cls(slots, spec, scale, grouped)
+
+
+def _signature(x: object) -> tuple:
+    """What a call's checks and plan read of an argument: a tensor's shape, strides, dtype and device (not its
+    values); else the argument with its type (True and 1 are equal, yet only one is a valid `causal`), item by item
+    for a list or tuple."""
+    if isinstance(x, Tensor):
+        return (Tensor, x.shape, x.stride(), x.dtype, x.device)
+    if isinstance(x, (list, tuple)):
+        return (type(x), *(_signature(item) for item in x))
+    return (type(x), x)
 
 
 def _check_tensors(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, v: Tensor | None) -> None:
@@ -151,17 +205,6 @@ def _check_flags(
         api._check_backend(backend, "backend")
     if not api._is_int(num_splits) or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0 = heuristic), got {num_splits!r}")
-
-
-def _cached_slots(*args) -> Slots:
-    """`_read_slots(*args)`, kept for the other layers of a step, which pass the same tensors."""
-    q, k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad = args
-    given = [x for x in (cache_seqlens, cache_batch_idx, cache_leftpad) if isinstance(x, Tensor)]
-    key = (
-        q.shape[0], q.device, tuple(k_cache.shape[:2]), None if k is None else k.shape[1],
-        None if isinstance(cache_seqlens, Tensor) else cache_seqlens, cache_batch_idx is None, cache_leftpad is None,
-    )  # fmt: skip
-    return _slots.get(given, key, lambda: _read_slots(*args))
 
 
 def _read_slots(
@@ -217,13 +260,10 @@ def _int32_values(x: Tensor, name: str, q: Tensor) -> list[int]:
         raise ValueError(f"{name}: expected shape ({q.shape[0]},) (q's batch size), got {tuple(x.shape)}")
     if x.device != q.device:
         raise ValueError(f"{name}: expected device {q.device} (same as q), got {x.device}")
-    return _host_values.get([x], (name,), x.tolist)  # a host sync on a GPU: once per step, not per layer
+    return x.tolist()
 
 
-# the values of cache_seqlens, cache_batch_idx and cache_leftpad, and the slots they give: every layer of a decoding
-# step passes the same tensors
-_host_values: TensorCache[list[int]] = TensorCache(8)
-_slots: TensorCache[Slots] = TensorCache(4)
+_calls: TensorCache[_Call] = TensorCache(4)  # a decoding step's (and its prompt's) calls
 
 
 def _append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Slots) -> None:
@@ -242,7 +282,6 @@ def _packed_batch(
     k: Tensor | None,
     v: Tensor | None,
     slots: Slots,
-    max_seqlen_k: int,
     spec: MaskSpec,
     scale: float,
     softcap: float,
@@ -255,8 +294,9 @@ def _packed_batch(
     k_packed, v_packed = (_packed_keys(cache, new, slots, cu_seqlens_k) for cache, new in ((k_cache, k), (v_cache, v)))
     cu_seqlens_q = torch.arange(batch_size + 1, device=q.device, dtype=torch.int32) * seqlen_q
     cu_seqlens_k = cu_seqlens_k.to(q.device, torch.int32)
+    longest = max(slots.lengths, default=0)
     return AttentionBatch(
-        q_packed, k_packed, v_packed, cu_seqlens_q, cu_seqlens_k, seqlen_q, max_seqlen_k, spec, scale, softcap
+        q_packed, k_packed, v_packed, cu_seqlens_q, cu_seqlens_k, seqlen_q, longest, spec, scale, softcap
     )
 
 

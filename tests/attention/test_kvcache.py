@@ -291,14 +291,21 @@ BAD = {
     "softcap": ("softcap", {"softcap": -1.0}),
     "num-splits": ("num_splits", {"num_splits": -1}),
     "lse-flag": ("return_softmax_lse", {"return_softmax_lse": 1}),
+    "causal-int": ("causal", {"causal": 1}),
     "backend": ("backend", {"backend": "nope"}),
 }
 
 
+@pytest.mark.parametrize("after_good_call", [False, True], ids=["first", "after-good"])
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_input_raises_naming_the_argument_before_any_compute(case, monkeypatch):
+def test_bad_input_raises_naming_the_argument_before_any_compute(case, after_good_call, monkeypatch):
+    """Also after a good call with the other arguments (the same tensors): what a call's checks decide is kept for
+    the layers of a step, and must not let a different argument through."""
     name, overrides = BAD[case]
-    args = {**_good(), **overrides}
+    good = _good()
+    if after_good_call:
+        flash_attn_with_kvcache(**good, causal=True)
+    args = {**good, "causal": True, **overrides}
     caches = args["k_cache"].clone(), args["v_cache"].clone()
 
     def unreachable(backend):
