@@ -73,9 +73,17 @@ def test_one_key_tile_matches_the_dense_formula(rng):
     x = logits - logits.amax(-1, keepdim=True) + fp8.P_SHIFT
     p = torch.exp2(x)
     p8 = p.float().to(torch.float8_e4m3fn).double()
-    expected = torch.einsum("bhqk,bkhd->bqhd", p8, inputs.v.double()) * inputs.v_scale.double()[:, None, :, None]
-    expected = expected / p.sum(-1).transpose(1, 2)[..., None]
-    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    v_scale, total = inputs.v_scale.double()[:, None, :, None], p.sum(-1).transpose(1, 2)[..., None]
+    expected = torch.einsum("bhqk,bkhd->bqhd", p8, inputs.v.double()) * v_scale / total
+    # The reference's float32 logits differ from these float64 ones by a few float32 ulps, which flips P's e4m3
+    # rounding where P lies that close to a midpoint: such a flip may move the output by one e4m3 step of that P.
+    near = 1e-5  # relative width around P that float32 logits can reach
+    rounded = [(p * (1 + sign * near)).float().to(torch.float8_e4m3fn).double() for sign in (-1, 1)]
+    ambiguous = rounded[1] - rounded[0]  # (B, H, Sq, Sk): one e4m3 step where the rounding can go either way, else 0
+    assert (ambiguous != 0).double().mean() < 1e-2  # rare, so the check below stays exact almost everywhere
+    slack = torch.einsum("bhqk,bkhd->bqhd", ambiguous, inputs.v.double().abs()) * v_scale / total
+    error = (out.double() - expected).abs()
+    assert (error <= 1e-5 + 1e-5 * expected.abs() + slack).all(), f"largest error {error.max():.3g}"
     torch.testing.assert_close(lse.double(), torch.logsumexp(logits * math.log(2), -1), rtol=1e-5, atol=1e-5)
     assert v_deq.shape == v.shape
 
