@@ -16,7 +16,6 @@ flash-attn.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -80,7 +79,7 @@ def flash_attn_with_kvcache(
     given = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
              block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
              return_softmax_lse, backend)  # fmt: skip
-    call = _Call.cached(*given)
+    call = _Call.cached(given, positions=(cache_seqlens, cache_batch_idx, cache_leftpad))
     batch_size, seqlen_q = q.shape[:2]
     with torch.no_grad():
         if call.grouped:
@@ -111,7 +110,8 @@ def flash_attn_with_kvcache(
 class _Call:
     """What a call's arguments decide, checked: where each entry's keys sit, the mask, the softmax scale, and the
     plan of a decoding step over a head-major cache (else None). The layers of a step pass arguments alike (shapes,
-    dtypes, options, the same cache_seqlens/cache_leftpad tensors), so it is worked out once per step."""
+    dtypes, options, the same cache_seqlens, cache_batch_idx and cache_leftpad tensors), so it is worked out once per
+    step (per kind of layer, where layers differ in an option such as the window)."""
 
     slots: Slots
     spec: MaskSpec
@@ -119,12 +119,13 @@ class _Call:
     grouped: decode.GroupedDecode | None
 
     @classmethod
-    def cached(cls, *args) -> _Call:
+    def cached(cls, args: tuple, positions: tuple) -> _Call:
         """`_Call.check(*args)`, kept for calls whose tensors have the same shapes, strides, dtypes and devices,
         whose cache_seqlens, cache_batch_idx and cache_leftpad are the same tensors (unchanged: tensor_cache.py),
-        and whose other arguments are equal."""
-        tensors = [x for x in args[7:10] if isinstance(x, Tensor)]  # cache_seqlens, cache_batch_idx, cache_leftpad
-        key = (*(_signature(x) for x in args), os.environ.get(api.BACKEND_ENV), api.get_backend())
+        and whose other arguments are equal, of the same types. (The backend is chosen per call, after this.)
+        `positions`: cache_seqlens, cache_batch_idx and cache_leftpad, out of `args`."""
+        tensors = [x for x in positions if isinstance(x, Tensor)]
+        key = tuple(_signature(x) for x in args)
         try:
             hash(key)
         except TypeError:  # an argument of a type no call accepts: the checks say which
@@ -260,10 +261,11 @@ def _int32_values(x: Tensor, name: str, q: Tensor) -> list[int]:
         raise ValueError(f"{name}: expected shape ({q.shape[0]},) (q's batch size), got {tuple(x.shape)}")
     if x.device != q.device:
         raise ValueError(f"{name}: expected device {q.device} (same as q), got {x.device}")
-    return x.tolist()
+    return _host_values.get([x], (name,), x.tolist)  # a host sync on a GPU: once per step, whatever the layers
 
 
-_calls: TensorCache[_Call] = TensorCache(4)  # a decoding step's (and its prompt's) calls
+_calls: TensorCache[_Call] = TensorCache(8)  # a decoding step's (and its prompt's) calls, per kind of layer
+_host_values: TensorCache[list[int]] = TensorCache(8)  # the values of cache_seqlens, cache_batch_idx, cache_leftpad
 
 
 def _append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Slots) -> None:

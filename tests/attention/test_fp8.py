@@ -62,10 +62,12 @@ def test_tensor_scaling_shares_one_scale(rng):
         assert torch.equal(scale, torch.full_like(scale, scale.flatten()[0].item()))
 
 
-def test_one_key_tile_matches_the_dense_formula(rng):
+@pytest.mark.parametrize("sharpness", [1, 3])
+def test_one_key_tile_matches_the_dense_formula(sharpness, rng):
     """With one key tile the running max is the row max:
-    out = e4m3(2^(x - max + 8)) V8 v_scale / sum(2^(x - max + 8))."""
-    q, k, v = torch.randn(1, 70, 2, 64), torch.randn(1, 100, 2, 64), torch.randn(1, 100, 2, 64)
+    out = e4m3(2^(x - max + 8)) V8 v_scale / sum(2^(x - max + 8)). Sharper logits (q scaled up) put some of P among
+    e4m3's subnormals, where a wrong shift would show."""
+    q, k, v = sharpness * torch.randn(1, 70, 2, 64), torch.randn(1, 100, 2, 64), torch.randn(1, 100, 2, 64)
     inputs = quantize(q, k, v, incoherent=True, seed=5)
     out, lse = fp8.reference_forward(inputs, softmax_scale=0.125)
     q_deq, k_deq, v_deq = _dequantized(inputs)

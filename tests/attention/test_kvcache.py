@@ -318,6 +318,15 @@ def test_bad_input_raises_naming_the_argument_before_any_compute(case, after_goo
     assert_same_cache(args["v_cache"], caches[1])
 
 
+def test_cache_seqlens_edited_in_place_after_a_good_call_is_checked_again():
+    """The checks kept for a step's layers are keyed by the cache_* tensors' versions: an in-place edit is seen."""
+    args = _good()
+    flash_attn_with_kvcache(**args)
+    args["cache_seqlens"][1] = 10  # past the cache, with the new key
+    with pytest.raises(ValueError, match=r"^cache_seqlens:"):
+        flash_attn_with_kvcache(**args)
+
+
 @pytest.mark.parametrize(("backend", "name"), [("sdpa", "return_softmax_lse"), ("fa2", "backend")])
 def test_a_backend_that_refuses_the_call_leaves_the_cache_untouched(backend, name):
     """sdpa has no logsumexp; fa2 needs a GPU and half precision: both refuse after the checks, before the append."""
