@@ -118,10 +118,13 @@ class GroupedDecode:
     def batch(self, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> AttentionBatch:
         """The varlen batch of one layer: q (B, 1, H, D) over its caches (B, S, Hk, D), head-major in memory."""
         group, head_dim = self.heads // self.kv_heads, q.shape[-1]
-        k_keys, v_keys = (c.permute(0, 2, 1, 3).reshape(-1, 1, head_dim)[: self.keys] for c in (k_cache, v_cache))
-        # (B * Hk * parts * group, 1, D): entry, key head, part, then the group's query heads
-        queries = q.reshape(-1, self.kv_heads, 1, group, head_dim).expand(-1, -1, self.parts, -1, -1)
-        queries = queries.reshape(-1, 1, head_dim)
+        # (keys, 1, D): the head-major cache's rows of (entry, key head) as one view, made in one op: at small
+        # batches a decoding step costs its layers' host time
+        k_keys, v_keys = (c.as_strided((self.keys, 1, head_dim), (head_dim, head_dim, 1)) for c in (k_cache, v_cache))
+        queries = q.reshape(-1, 1, head_dim)  # (B * H, 1, D): entry, key head, then the group's query heads
+        if self.parts > 1:  # (B * Hk * parts * group, 1, D): each part with a copy of its group's queries
+            queries = queries.view(-1, self.kv_heads, 1, group, head_dim).expand(-1, -1, self.parts, -1, -1)
+            queries = queries.reshape(-1, 1, head_dim)
         return AttentionBatch(queries, k_keys, v_keys, self.cu_seqlens_q, self.cu_seqlens_k, group, self.max_seqlen_k,
                               self.spec, self.scale, self.softcap)  # fmt: skip
 
