@@ -79,6 +79,7 @@ def flash_attn_func(
     block_size=(Bq, Bk), which is also the reference backend's tile); backend overrides the default.
     """
     _check_rank(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
+    _check_batch(q)
     _check_qkv(q, k, v)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"k: expected batch size {q.shape[0]} (same as q), got {k.shape[0]}")
@@ -193,6 +194,12 @@ def _check_rank(
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.dim() != rank:
             raise ValueError(f"{name}: expected a {rank}-D tensor {layout}, got shape {tuple(x.shape)}")
+
+
+def _check_batch(q: Tensor) -> None:
+    """At least one row, as flash-attn asks: a kernel grid cannot be empty."""
+    if q.shape[0] == 0:
+        raise ValueError(f"q: expected a batch of at least one row, got shape {tuple(q.shape)}")
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, names: tuple[str, str] = ("k", "v")) -> None:

@@ -168,6 +168,7 @@ def _signature(x: object) -> tuple:
 def _check_tensors(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, v: Tensor | None) -> None:
     """Types, ranks, dtypes, devices and shapes of q, the caches and the new keys and values."""
     api._check_rank(q, k_cache, v_cache, 4, _LAYOUT, ("q", "k_cache", "v_cache"))
+    api._check_batch(q)
     api._check_qkv(q, k_cache, v_cache, ("k_cache", "v_cache"))
     if k is None and v is None:
         return

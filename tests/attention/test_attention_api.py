@@ -99,6 +99,7 @@ BAD_BATCH = {
     "k-device": ("k", {"k": torch.randn(2, 24, 2, 8, device="meta")}),
     "v-device": ("v", {"v": torch.randn(2, 24, 2, 8, device="meta")}),
     "q-rank": ("q", {"q": torch.randn(16, 4, 8)}),
+    "q-empty-batch": ("q", {"q": torch.randn(0, 16, 4, 8), **{x: torch.randn(0, 24, 2, 8) for x in "kv"}}),
     "k-rank": ("k", {"k": torch.randn(2, 24, 2, 8, 1)}),
     "v-shape": ("v", {"v": torch.randn(2, 23, 2, 8)}),
     "k-batch": ("k", {"k": torch.randn(3, 24, 2, 8), "v": torch.randn(3, 24, 2, 8)}),

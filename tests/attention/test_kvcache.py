@@ -264,6 +264,7 @@ def _i32(*values: int) -> torch.Tensor:
 
 BAD = {
     "q-rank": ("q", {"q": torch.randn(2, 4, 8)}),
+    "q-empty-batch": ("q", {"q": torch.randn(0, 1, 4, 8), "k": None, "v": None, "cache_seqlens": _i32()}),
     "q-dtype": ("q", {"q": torch.randn(2, 1, 4, 8).double()}),
     "cache-dtype": ("k_cache", {"k_cache": torch.randn(2, 10, 2, 8).half()}),
     "cache-heads": ("k_cache", {"k_cache": torch.randn(2, 10, 3, 8), "v_cache": torch.randn(2, 10, 3, 8)}),
