@@ -144,7 +144,7 @@ def attention_forward(
         if attention_mask is not None:
             raise ValueError("cu_seq_lens_q: packed sequences cannot be combined with a padding attention_mask")
         return _packed(q, k, v, kwargs, options), None
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.shape[1] < k.shape[1]:
         k, v = k[:, : attention_mask.shape[1]], v[:, : attention_mask.shape[1]]  # drop empty cache slots
     return _attend(q, k, v, attention_mask, kwargs.get("position_ids"), options), None
 

@@ -147,19 +147,24 @@ def _resolve_backend(
 ) -> Backend:
     """The backend to run: argument > environment variable > set_backend(); "auto" resolved; the choice checked.
     `lse_arg` names the caller's argument that asks for the logsumexp, for the error a backend without one raises."""
-    if backend is not None:
-        name = _check_backend(backend, "backend")
-    elif os.environ.get(BACKEND_ENV):
-        name = _check_backend(os.environ[BACKEND_ENV], BACKEND_ENV)
-    else:
-        name = _default_backend
-    chosen = _auto(batch) if name == "auto" else backends.get(name)
-    chosen.check(batch)
+    name = _backend_name(backend)
+    chosen = _auto(batch) if name == "auto" else backends.get(name)  # _auto's choice is checked (or the reference)
+    if name != "auto":
+        chosen.check(batch)
     if need_lse and not chosen.returns_lse:
         raise ValueError(
             f"{lse_arg}: the {chosen.name} backend has no logsumexp, expected False (or backend='reference')"
         )
     return chosen
+
+
+def _backend_name(backend: str | None) -> str:
+    """The backend asked for, "auto" unresolved: the argument, else the environment variable, else set_backend()."""
+    if backend is not None:
+        return _check_backend(backend, "backend")
+    if os.environ.get(BACKEND_ENV):
+        return _check_backend(os.environ[BACKEND_ENV], BACKEND_ENV)
+    return _default_backend
 
 
 def _auto(batch: AttentionBatch) -> Backend:

@@ -16,14 +16,16 @@ flash-attn.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from legalpt.attention import api, decode
-from legalpt.attention.backends import AttentionBatch
+from legalpt.attention.backends import AttentionBatch, Backend
 from legalpt.attention.masks import MaskSpec
+from legalpt.attention.ops import KernelBackend
 from legalpt.attention.tensor_cache import TensorCache
 
 _LAYOUT = "(batch, seqlen, heads, head_dim)"
@@ -88,14 +90,14 @@ def flash_attn_with_kvcache(
             batch = decode.cache_batch(q, k_cache, v_cache, call.slots, call.spec, call.scale, softcap)
         else:
             batch = _packed_batch(q, k_cache, v_cache, k, v, call.slots, call.spec, call.scale, softcap)
-        chosen = api._resolve_backend(backend, return_softmax_lse, batch, "return_softmax_lse")
+        chosen, run = call.backend(backend, batch)
         grouped = call.grouped
         if grouped and grouped.parts > 1 and not chosen.returns_lse:  # parts merge by their logsumexp: keep one
             grouped = decode.GroupedDecode.plan(q, k_cache, call.slots, call.spec, call.scale, softcap, num_splits=1)
             batch = grouped.batch(q, k_cache, v_cache)
         if k is not None:  # after every check: a refused call leaves the cache as it was
             _append(k_cache, v_cache, k, v, call.slots)
-        out, lse = chosen.attention(batch)
+        out, lse = run(batch)
         if grouped:
             out, lse = grouped.merge(out, lse)
     out = out.view(q.shape)
@@ -117,6 +119,8 @@ class _Call:
     spec: MaskSpec
     scale: float
     grouped: decode.GroupedDecode | None
+    return_lse: bool
+    backends: dict[str, tuple[Backend, Callable]] = field(default_factory=dict)  # `backend`'s, by name asked for
 
     @classmethod
     def cached(cls, args: tuple, positions: tuple) -> _Call:
@@ -151,7 +155,19 @@ class _Call:
         grouped = None
         if decode.can_group(q, k_cache, v_cache, slots.rows, spec):
             grouped = decode.GroupedDecode.plan(q, k_cache, slots, spec, scale, softcap, num_splits)
-        return cls(slots, spec, scale, grouped)
+        return cls(slots, spec, scale, grouped, return_softmax_lse)
+
+    def backend(self, backend: str | None, batch: AttentionBatch) -> tuple[Backend, Callable]:
+        """The backend that runs the call (`backend`, the environment variable or the default), checked, and its
+        attention for batches like `batch`: a kernel backend's `prepared` one. Kept per name asked for: the
+        batches of the calls that share this plan are alike."""
+        name = api._backend_name(backend)
+        kept = self.backends.get(name)
+        if kept is None:
+            chosen = api._resolve_backend(name, self.return_lse, batch, "return_softmax_lse")
+            kept = chosen, chosen.prepared(batch) if isinstance(chosen, KernelBackend) else chosen.attention
+            self.backends[name] = kept
+        return kept
 
 
 def _signature(x: object) -> tuple:

@@ -10,6 +10,7 @@ compiles or loads CUDA code.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Optional
 
 import torch
@@ -33,6 +34,23 @@ class KernelBackend(ABC):
     def attention(self, batch: AttentionBatch) -> tuple[Tensor, Tensor]:
         return attention(batch, self.name)
 
+    def prepared(self, batch: AttentionBatch) -> Callable[[AttentionBatch], tuple[Tensor, Tensor]]:
+        """`attention` for batches laid out like `batch` (the same shapes, strides, dtypes and device, cu_seqlens of
+        the same values, the same mask and options), which `batch` has passed `check` for: what `forward` decides
+        per call is decided once, here. The layers of a decoding step call it. Calls that need the op (gradients,
+        tracing) still get it."""
+        forward = self.forward_like(batch)
+
+        def run(call: AttentionBatch) -> tuple[Tensor, Tensor]:
+            return attention(call, self.name) if _needs_op(call) else forward(call)
+
+        return run
+
+    def forward_like(self, batch: AttentionBatch) -> Callable[[AttentionBatch], tuple[Tensor, Tensor]]:
+        """`forward` for batches laid out like `batch` (`prepared`); backends that decide something per call
+        decide it once in theirs."""
+        return self.forward
+
     @abstractmethod
     def forward(self, batch: AttentionBatch) -> tuple[Tensor, Tensor]:
         """out like q (contiguous), logsumexp float32: (B, H, Sq), or (H, total_q) for varlen."""
@@ -51,14 +69,19 @@ def attention(batch: AttentionBatch, backend: str) -> tuple[Tensor, Tensor]:
     (its arguments flattened and rebuilt, the autograd and no-grad redispatch) costs more host time than a decoding
     step's kernel. Tracing, compilation, dispatch modes and meta tensors (the op's fake implementation) still see the
     op."""
-    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (batch.q, batch.k, batch.v))
-    traced = torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None or batch.q.is_meta
-    if not (needs_grad or traced):
+    if not _needs_op(batch):
         return _kernels(backend).forward(batch)
     inputs = (*batch.op_args(), backend)
     if torch.compiler.is_compiling():  # the op itself: one opaque node, and Dynamo refuses a tensor passed twice
         return torch.ops.legalpt.attention_forward(*inputs)  # (as cu_seqlens_q and _k) to an autograd.Function
     return _Attention.apply(*inputs)
+
+
+def _needs_op(batch: AttentionBatch) -> bool:
+    """Whether a call must go through the op: it needs a gradient, or it is traced (compiled, under a dispatch mode,
+    or on meta tensors)."""
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (batch.q, batch.k, batch.v))
+    return needs_grad or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None or batch.q.is_meta
 
 
 def _kernels(backend: str) -> KernelBackend:

@@ -7,9 +7,10 @@ import inspect
 
 import pytest
 import torch
-from attention_helpers import naive_attention
+from attention_helpers import naive_attention, use_emulated_kernels
 
-from legalpt.attention import backends, flash_attn_with_kvcache
+from legalpt.attention import backends, flash_attn_with_kvcache, kernels
+from legalpt.attention.backends import cuda
 
 FLASH_ATTN_WITH_KVCACHE = {
     "q": inspect.Parameter.empty, "k_cache": inspect.Parameter.empty, "v_cache": inspect.Parameter.empty,
@@ -18,7 +19,7 @@ FLASH_ATTN_WITH_KVCACHE = {
     "softcap": 0.0, "rotary_interleaved": True, "alibi_slopes": None, "num_splits": 0, "return_softmax_lse": False,
 }  # fmt: skip
 BATCH, CACHE_ROWS, SEQLEN_CACHE, HEADS, KV_HEADS, HEAD_DIM = 3, 5, 113, 6, 2, 16
-ATTENTION = type(backends.get("reference")).attention  # the reference backend's, before any test wraps it
+FORWARD = type(backends.get("reference")).forward  # the reference backend's, before any test wraps it
 
 
 def test_signature_is_flash_attn_2_plus_keyword_backend():
@@ -147,7 +148,7 @@ def test_rows_in_order_are_read_where_they_lie(rows, head_major, seqlen_q, in_pl
         args["cache_batch_idx"] = args["cache_batch_idx"].sort(descending=True).values  # surely out of order
     seen = []
     reference = backends.get("reference")
-    monkeypatch.setattr(type(reference), "attention", lambda self, batch: seen.append(batch) or ATTENTION(self, batch))
+    monkeypatch.setattr(type(reference), "forward", lambda self, batch: seen.append(batch) or FORWARD(self, batch))
     flash_attn_with_kvcache(**args, causal=True, backend="reference")
     [batch] = seen
     assert (batch.k.untyped_storage().data_ptr() == args["k_cache"].untyped_storage().data_ptr()) == in_place
@@ -163,7 +164,7 @@ def test_split_decoding_merges_to_the_oracle(num_splits, new, rng, monkeypatch):
     out_want, lse_want, *_ = expected(args, causal=True, softcap=1.5)
     seen = []
     reference = backends.get("reference")
-    monkeypatch.setattr(type(reference), "attention", lambda self, batch: seen.append(batch) or ATTENTION(self, batch))
+    monkeypatch.setattr(type(reference), "forward", lambda self, batch: seen.append(batch) or FORWARD(self, batch))
     out, lse = flash_attn_with_kvcache(
         **args, causal=True, softcap=1.5, num_splits=num_splits, return_softmax_lse=True, backend="reference"
     )
@@ -355,3 +356,36 @@ def test_cuda_matches_reference(causal, seqlen_q, rows, rng):
     torch.testing.assert_close(lse, lse_ref, atol=1e-2, rtol=1e-3)
     assert_same_cache(args["k_cache"], ref_args["k_cache"])
     assert_same_cache(args["v_cache"], ref_args["v_cache"])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_the_layers_of_a_step_run_fa3_prepared_once_each_on_its_own_inputs(device, rng, monkeypatch):
+    """The layers of a decoding step pass their own q and caches, laid out alike, with the same cache_seqlens and
+    cache_leftpad: fa3 is checked and scheduled for the first, then runs every layer on that layer's inputs (on the
+    CPU, the emulated kernels). A cache whose start is not 16-byte aligned takes the per-call path, which copies."""
+    if device == "cpu":
+        use_emulated_kernels(monkeypatch)
+    elif kernels.unavailable_reason(torch.device("cuda"), 64, torch.bfloat16, True) is not None:
+        pytest.skip("fa3 needs a Hopper GPU")
+    checks = []
+    check = cuda.CudaBackend.check
+    monkeypatch.setattr(cuda.CudaBackend, "check", lambda self, batch: checks.append(batch) or check(self, batch))
+    first = make_inputs(1, 0, "leftpad", dtype=torch.bfloat16, device=device, head_dim=64, head_major=True)
+
+    def other(x: torch.Tensor) -> torch.Tensor:  # other values, the same layout, NaN where the first has it
+        return torch.where(x.isnan(), x, torch.randn_like(x))
+
+    def unaligned(x: torch.Tensor) -> torch.Tensor:  # the same layout one element into a larger buffer
+        buffer = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+        return buffer.as_strided(x.shape, x.stride(), storage_offset=1).copy_(x)
+
+    layers = [first, *({**first, "q": torch.randn_like(first["q"])} for _ in range(3))]
+    for layer in layers[1:]:
+        layer["k_cache"], layer["v_cache"] = other(first["k_cache"]), other(first["v_cache"])
+    layers[3]["k_cache"], layers[3]["v_cache"] = unaligned(layers[3]["k_cache"]), unaligned(layers[3]["v_cache"])
+    assert all(layer["k_cache"].stride() == first["k_cache"].stride() for layer in layers)
+    for n, layer in enumerate(layers):
+        out = flash_attn_with_kvcache(**layer, causal=True, backend="fa3")
+        want = flash_attn_with_kvcache(**layer, causal=True, backend="reference")
+        torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2, msg=f"layer {n}")
+        assert len(checks) == (1 if n < 3 else 2)

@@ -15,6 +15,8 @@ visits, have their backward split over several blocks (`_split`), so that one bl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -67,6 +69,30 @@ class CudaBackend(KernelBackend):
             self.sm90,
         )  # fmt: skip
         return _unpad(out, head_dim), lse
+
+    def forward_like(self, batch: AttentionBatch) -> Callable[[AttentionBatch], tuple[Tensor, Tensor]]:
+        """`forward` without its per-call work (the checks, the head dim and tile, the schedule's lookup) for
+        batches laid out like `batch`, when the kernels take them as they are (no padded head dim, no copy)."""
+        ext, head_dim = kernels.extension(), batch.q.shape[-1]
+        padded = kernels.padded_head_dim(head_dim, ext.head_dims)
+        if padded != head_dim or any(_kernel_layout(x, padded) is not x for x in (batch.q, batch.k, batch.v)):
+            return self.forward
+        schedule = _schedule(batch, ext.tiles(padded, self.sm90)[0], transposed=False)
+        layout, mask = _layout(batch), batch.mask.ints()
+
+        def forward(call: AttentionBatch) -> tuple[Tensor, Tensor]:
+            q, k, v = call.q, call.k, call.v
+            if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16:  # strides are alike, starts may not be aligned
+                return self.forward(call)
+            out = torch.empty_like(q)
+            lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
+            ext.forward(
+                q, k, v, out, lse, call.cu_seqlens_q, call.cu_seqlens_k, call.max_seqlen_q, call.max_seqlen_k,
+                schedule.counts, schedule.indices, layout, mask, call.softmax_scale, call.softcap, self.sm90,
+            )  # fmt: skip
+            return out, lse
+
+        return forward
 
     def backward(
         self, batch: AttentionBatch, out: Tensor, lse: Tensor, dout: Tensor, dlse: Tensor | None
@@ -153,7 +179,7 @@ def _kernel_layout(x: Tensor, head_dim: int) -> Tensor:
     if x.shape[-1] != head_dim:
         return F.pad(x, (0, head_dim - x.shape[-1]))
     aligned = x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:-1]) and x.data_ptr() % 16 == 0
-    return x if aligned else x.contiguous()
+    return x if aligned else x.clone(memory_format=torch.contiguous_format)  # new memory: contiguous() may be x
 
 
 def _lse_shape(q: Tensor) -> tuple[int, ...]:
