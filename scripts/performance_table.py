@@ -54,6 +54,14 @@ def corpora(head: dict) -> str:
     return " and ".join(named)
 
 
+def steps(head: dict) -> str:
+    """Which steps a training record's medians cover: a record merged from several runs (`parts`) sized each its own
+    corpus and steps, as its command says, and names the last run's corpus only."""
+    if head.get("parts"):
+        return "each job's warm-up (its run's --steps and --warmup, below; the corpus's size above is the last run's)"
+    return f"the first {head['warmup']} of {head['steps']}"
+
+
 def training() -> list[str]:
     """Each GPU's training record: legalpt against sdpa through the same trainer, and the longest seq_len that trains
     (a CPU dry run is no figure and is left out)."""
@@ -68,7 +76,7 @@ def training() -> list[str]:
             f"## Training on the {h['gpu']} (`scripts/bench_train.py`)",
             "",
             f"`legalpt-train` in a fresh process per job on {corpora(h)}; tokens/s and MFU are medians over the steps "
-            f"after the first {h['warmup']} of {h['steps']}; {against}. {provenance(h, path)}",
+            f"after {steps(h)}; {against}. {provenance(h, path)}",
             "",
             *commands(h),
             "| model | attention | seq_len | batch × GPUs | checkpointing / loss / compile | tokens/s | MFU | peak GiB "
@@ -311,7 +319,7 @@ def headline(table: list[dict]) -> list[str]:
             rows = [e for e in table if (e["mask"], e["seqlen_q"], e["head_dim"]) == (mask, seqlen, d)]
             cells = [_range(e["vs_flex"] for e in rows if e["mode"] == m) for m in modes]
             lines.append(f"| flex | {mask}, {seqlen // 1024}k tokens | {d} | {' | '.join(cells)} |")
-    return [*lines, ""]
+    return [*lines[:4], *(line for line in lines[4:] if line.count("| – ") < len(modes)), ""]  # measured ones
 
 
 def against_sdpa(table: list[dict], tflops: dict) -> list[str]:
@@ -342,7 +350,7 @@ def against_flex(table: list[dict], tflops: dict) -> list[str]:
     for e in table:
         if e["vs_flex"] is not None:
             lines.append(f"{_shape(e, tflops)} {_times(e['vs_flex'])} |")
-    return [*lines, ""]
+    return [*lines, ""] if len(lines) > 4 else []  # a record without Flex rows has no such section
 
 
 def fp8_forward(rows: list[dict]) -> list[str]:
