@@ -58,7 +58,7 @@ def steps(head: dict) -> str:
     """Which steps a training record's medians cover: a record merged from several runs (`parts`) sized each its own
     corpus and steps, as its command says, and names the last run's corpus only."""
     if head.get("parts"):
-        return "each job's warm-up (its run's --steps and --warmup, below; the corpus's size above is the last run's)"
+        return "each job's warm-up (each run's --steps and --warmup below, else 10 and 3; its corpus sized to its rows)"
     return f"the first {head['warmup']} of {head['steps']}"
 
 
@@ -313,13 +313,21 @@ def headline(table: list[dict]) -> list[str]:
         for d in head_dims:
             sweep = [e for e in table if e["group"] == "sweep" and e["head_dim"] == d]
             cells = [_range(e[f"vs_{theirs}"] for e in sweep if e["mode"] == m) for m in modes]
-            lines.append(f"| {theirs} | dense and causal, 1k–16k tokens | {d} | {' | '.join(cells)} |")
+            lines.append(f"| {theirs} | dense and causal, {_tokens(sweep)} | {d} | {' | '.join(cells)} |")
     for mask, seqlen in FLEX_HEADLINE:
         for d in head_dims:
             rows = [e for e in table if (e["mask"], e["seqlen_q"], e["head_dim"]) == (mask, seqlen, d)]
             cells = [_range(e["vs_flex"] for e in rows if e["mode"] == m) for m in modes]
             lines.append(f"| flex | {mask}, {seqlen // 1024}k tokens | {d} | {' | '.join(cells)} |")
     return [*lines[:4], *(line for line in lines[4:] if line.count("| – ") < len(modes)), ""]  # measured ones
+
+
+def _tokens(rows: list[dict]) -> str:
+    """The sequence lengths a sweep measured, as a range: "1k–16k tokens"."""
+    lengths = sorted({e["seqlen_q"] // 1024 for e in rows})
+    if not lengths:
+        return "no lengths"
+    return f"{lengths[0]}k tokens" if len(lengths) == 1 else f"{lengths[0]}k–{lengths[-1]}k tokens"
 
 
 def against_sdpa(table: list[dict], tflops: dict) -> list[str]:

@@ -94,7 +94,7 @@ def flash_attn_with_kvcache(
         grouped = call.grouped
         if grouped and grouped.parts > 1 and not chosen.returns_lse:  # parts merge by their logsumexp: keep one
             grouped = decode.GroupedDecode.plan(q, k_cache, call.slots, call.spec, call.scale, softcap, num_splits=1)
-            batch = grouped.batch(q, k_cache, v_cache)
+            batch, run = grouped.batch(q, k_cache, v_cache), chosen.attention  # not laid out like the plan's
         if k is not None:  # after every check: a refused call leaves the cache as it was
             _append(k_cache, v_cache, k, v, call.slots)
         out, lse = run(batch)
@@ -113,7 +113,8 @@ class _Call:
     """What a call's arguments decide, checked: where each entry's keys sit, the mask, the softmax scale, and the
     plan of a decoding step over a head-major cache (else None). The layers of a step pass arguments alike (shapes,
     dtypes, options, the same cache_seqlens, cache_batch_idx and cache_leftpad tensors), so it is worked out once per
-    step (per kind of layer, where layers differ in an option such as the window)."""
+    step (per kind of layer, where layers differ in an option such as the window). The backends its calls run on are
+    kept too, filled on first use (`backend`): the one mutable part of it."""
 
     slots: Slots
     spec: MaskSpec
@@ -126,7 +127,7 @@ class _Call:
     def cached(cls, args: tuple, positions: tuple) -> _Call:
         """`_Call.check(*args)`, kept for calls whose tensors have the same shapes, strides, dtypes and devices,
         whose cache_seqlens, cache_batch_idx and cache_leftpad are the same tensors (unchanged: tensor_cache.py),
-        and whose other arguments are equal, of the same types. (The backend is chosen per call, after this.)
+        and whose other arguments are equal, of the same types. (The backend's name is read per call: `backend`.)
         `positions`: cache_seqlens, cache_batch_idx and cache_leftpad, out of `args`."""
         tensors = [x for x in positions if isinstance(x, Tensor)]
         key = tuple(_signature(x) for x in args)
@@ -158,14 +159,14 @@ class _Call:
         return cls(slots, spec, scale, grouped, return_softmax_lse)
 
     def backend(self, backend: str | None, batch: AttentionBatch) -> tuple[Backend, Callable]:
-        """The backend that runs the call (`backend`, the environment variable or the default), checked, and its
-        attention for batches like `batch`: a kernel backend's `prepared` one. Kept per name asked for: the
-        batches of the calls that share this plan are alike."""
+        """The backend that runs the call (`backend`, the environment variable or the default), checked on `batch`,
+        and its attention: a kernel backend's `prepared` one. Kept per name asked for: the batches of the calls that
+        share this plan are alike."""
         name = api._backend_name(backend)
         kept = self.backends.get(name)
         if kept is None:
             chosen = api._resolve_backend(name, self.return_lse, batch, "return_softmax_lse")
-            kept = chosen, chosen.prepared(batch) if isinstance(chosen, KernelBackend) else chosen.attention
+            kept = chosen, chosen.prepared() if isinstance(chosen, KernelBackend) else chosen.attention
             self.backends[name] = kept
         return kept
 

@@ -34,15 +34,20 @@ class KernelBackend(ABC):
     def attention(self, batch: AttentionBatch) -> tuple[Tensor, Tensor]:
         return attention(batch, self.name)
 
-    def prepared(self, batch: AttentionBatch) -> Callable[[AttentionBatch], tuple[Tensor, Tensor]]:
-        """`attention` for batches laid out like `batch` (the same shapes, strides, dtypes and device, cu_seqlens of
-        the same values, the same mask and options), which `batch` has passed `check` for: what `forward` decides
-        per call is decided once, here. The layers of a decoding step call it. Calls that need the op (gradients,
-        tracing) still get it."""
-        forward = self.forward_like(batch)
+    def prepared(self) -> Callable[[AttentionBatch], tuple[Tensor, Tensor]]:
+        """`attention` for batches laid out alike (the same shapes, strides, dtypes and device, cu_seqlens of the same
+        values, the same mask and options), the first of which has passed `check`: what `forward` decides per call
+        is decided once, on the first call that runs it. The layers of a decoding step call it. Calls that need the
+        op (gradients, tracing) get the op, and prepare nothing."""
+        forward = None
 
         def run(call: AttentionBatch) -> tuple[Tensor, Tensor]:
-            return attention(call, self.name) if _needs_op(call) else forward(call)
+            nonlocal forward
+            if _needs_op(call):
+                return attention(call, self.name)
+            if forward is None:
+                forward = self.forward_like(call)
+            return forward(call)
 
         return run
 

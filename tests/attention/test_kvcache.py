@@ -389,3 +389,19 @@ def test_the_layers_of_a_step_run_fa3_prepared_once_each_on_its_own_inputs(devic
         want = flash_attn_with_kvcache(**layer, causal=True, backend="reference")
         torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2, msg=f"layer {n}")
         assert len(checks) == (1 if n < 3 else 2)
+
+
+def test_a_compiled_decoding_call_traces_the_op(rng, monkeypatch):
+    """Under torch.compile(fullgraph=True) a decoding call over a head-major cache is traced through the op (no graph
+    break: nothing is prepared from the tracer's tensors) and gives eager's output; on the CPU, the emulated fa3."""
+    use_emulated_kernels(monkeypatch)
+    q = torch.randn(BATCH, 1, HEADS, 64, dtype=torch.bfloat16)
+    k_cache, v_cache = (
+        torch.randn(BATCH, KV_HEADS, SEQLEN_CACHE, 64, dtype=torch.bfloat16).transpose(1, 2) for _ in "kv"
+    )
+
+    def step(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=SEQLEN_CACHE - 10, causal=True, backend="fa3")
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k_cache, v_cache)
+    torch.testing.assert_close(compiled, step(q, k_cache, v_cache), atol=0, rtol=0)
