@@ -291,6 +291,7 @@ def attention() -> list[str]:
             *against_sdpa(table, tflops),
             *against_flex(table, tflops),
             *fp8_forward(record["rows"]),
+            *layer_stacks(record["rows"]),
         ]
         plot = path.with_suffix(".png")
         if plot.exists():
@@ -359,6 +360,27 @@ def against_flex(table: list[dict], tflops: dict) -> list[str]:
         if e["vs_flex"] is not None:
             lines.append(f"{_shape(e, tflops)} {_times(e['vs_flex'])} |")
     return [*lines, ""] if len(lines) > 4 else []  # a record without Flex rows has no such section
+
+
+def layer_stacks(rows: list[dict]) -> list[str]:
+    """The rows measured as a model's layers call the attention (--layers, --kernel-times): the share of the wall
+    time the GPU spends in kernels, what host overhead and stalls leave."""
+    stacks = [r for r in rows if r.get("kernel_share") is not None]
+    if not stacks:
+        return []
+    lines = [
+        "Layer stacks (`--layers`: every layer's forward, then one backward through all; the kernels' share is their "
+        "summed time over the wall time):",
+        "",
+        "| implementation | mask | head dim | seqlen | batch × heads | mode | layers | ms | kernels' share |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in stacks:
+        lines.append(
+            f"| {r['impl']} | {r['mask']} | {r['head_dim']} | {r['seqlen_q']:,} | {r['batch']} × {_heads(r)} | "
+            f"{r['mode']} | {r['layers']} | {r['ms']:.1f} | {r['kernel_share']:.3f} |"
+        )
+    return [*lines, ""]
 
 
 def fp8_forward(rows: list[dict]) -> list[str]:
