@@ -40,8 +40,12 @@ def provenance(head: dict, path: Path) -> str:
 
 
 def commands(head: dict) -> list[str]:
-    """The command lines that measured a record (several where a run was split over processes)."""
-    return ["```bash", *head.get("parts", [head["command"]]), "```", ""]
+    """The command lines that measured a record (several where a run was split over processes or merged from runs
+    at other commits: each then with its commit and date)."""
+    lines = head.get("parts", [head["command"]])
+    if head.get("part_provenance"):
+        lines = [f"{line}  # {where}" for line, where in zip(lines, head["part_provenance"], strict=True)]
+    return ["```bash", *lines, "```", ""]
 
 
 def corpora(head: dict) -> str:

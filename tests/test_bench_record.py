@@ -47,3 +47,16 @@ def test_a_gpu_name_becomes_a_file_name(record, tmp_path):
     head = {"benchmark": "attention", "gpu": "NVIDIA H200", "date": "2024-03-05T10:00:00+00:00"}
     assert record.path_of(tmp_path, head).name == "attention-NVIDIA-H200-20240305.json"
     assert record.current(tmp_path, "attention", "NVIDIA H200") is None
+
+
+def test_a_merged_record_keeps_every_runs_command_commit_and_date(record):
+    """Rows merged from runs at other commits keep where each came from, in order, however many merges in."""
+    first = {"command": "a", "commit": "1111111", "date": "2026-12-05T10:00:00+00:00"}
+    second = {"command": "b", "commit": "2222222-dirty", "date": "2026-12-07T10:00:00+00:00"}
+    third = {"command": "c", "commit": "3333333", "date": "2026-12-08T10:00:00+00:00"}
+    merged = {**second, **record.parts(first, second)}
+    again = record.parts(merged, third)
+    assert again["parts"] == ["a", "b", "c"]
+    assert again["part_provenance"] == [
+        "commit 1111111, 2026-12-05", "commit 2222222-dirty, 2026-12-07", "commit 3333333, 2026-12-08"
+    ]  # fmt: skip

@@ -64,6 +64,21 @@ def header(
     }
 
 
+def parts(before: dict, head: dict) -> dict:
+    """The header fields of a record merged from several runs: every run's command (`parts`) and, beside each, the
+    commit and date it ran at (`part_provenance`), for the rows an earlier run measured."""
+    return {
+        "parts": [*before.get("parts", [before["command"]]), head["command"]],
+        "part_provenance": [*before.get("part_provenance", [_provenance(before)]), _provenance(head)],
+    }
+
+
+def _provenance(head: dict) -> str:
+    """ "commit <sha>, <yyyy-mm-dd>", of what a header names (every record's does; a test's may not)."""
+    named = [f"commit {head['commit']}" if head.get("commit") else "", head.get("date", "")[:10]]
+    return ", ".join(filter(None, named))
+
+
 def _version(package: str) -> str | None:
     try:
         return version(package)  # from the installed metadata: importing transformers takes seconds

@@ -68,11 +68,11 @@ def _times(x: float | None) -> str:
 
 def merged(old: dict, rows: list[dict], head: dict) -> tuple[list[dict], dict]:
     """A record assembled from runs split over several processes: the old record's rows that this run did not
-    re-measure, then this run's; every part's command in the header. Each comparison of implementations on one
-    shape still comes from one process."""
+    re-measure, then this run's; every part's command, commit and date in the header. Each comparison of
+    implementations on one shape still comes from one process."""
     new = {(*_key(r), r["impl"]) for r in rows}
     kept = [r for r in old["rows"] if (*_key(r), r["impl"]) not in new]
-    return kept + rows, {**head, "parts": [*old["header"].get("parts", [old["header"]["command"]]), head["command"]]}
+    return kept + rows, {**head, **record.parts(old["header"], head)}
 
 
 def write_record(out: Path, old: dict | None, rows: list[dict], head: dict) -> tuple[Path, list[dict], list[dict]]:

@@ -8,6 +8,8 @@ longest: per searched setting, the longest seq_len that trained and the shortest
 
 from __future__ import annotations
 
+from .. import record
+
 SETTING_FIELDS = ("model", "attention", "activation_checkpointing", "save_attention", "offload_activations",
                   "mlp_chunk_tokens", "precision", "loss_impl", "compile", "gpus", "documents")  # fmt: skip
 ROW_KEY = (*SETTING_FIELDS, "seq_len", "batch_size")
@@ -37,7 +39,8 @@ def with_ratios(rows: list[dict]) -> list[dict]:
 
 def build(head: dict, rows: list[dict], tries: list[dict], longest: list[dict], old: dict | None) -> dict:
     """The record of this run's jobs, added to `old` (the record --merge adds to) when given: the old entries that
-    this run did not redo are kept, every part's command is in the header, and so are the corpora of every part."""
+    this run did not redo are kept, every part's command, commit and date are in the header, and so are the
+    corpora of every part."""
     if old is not None:
         rows = _union(old["rows"], rows, ROW_KEY)
         tries = _union(old.get("search", []), tries, ROW_KEY)
@@ -45,7 +48,7 @@ def build(head: dict, rows: list[dict], tries: list[dict], longest: list[dict], 
         before = old["header"]
         head = {
             **head,
-            "parts": [*before.get("parts", [before["command"]]), head["command"]],
+            **record.parts(before, head),
             "documents": sorted({*before.get("documents", ["long"]), *head.get("documents", ["long"])}),
             **{corpus: head.get(corpus) or before.get(corpus) for corpus in ("data", "data_packed")},
         }
