@@ -41,8 +41,14 @@ struct BwdTraits {
   static constexpr int kBlockN = 128;  // keys per block: 64 per consumer, the M of every wgmma
   static constexpr int kThreads = 384;  // the producer warpgroup, then two consumers
   static constexpr int kConsumerThreads = 256;
-  static constexpr int kProducerRegisters = FwdTraits<T, D>::kProducerRegisters;  // the forward's split
-  static constexpr int kConsumerRegisters = FwdTraits<T, D>::kConsumerRegisters;
+  // Registers per thread, moved as in the forward (FwdTraits). The producer's walk over items spills at 24 (ptxas:
+  // 56 bytes at D = 64). At D = 64 the consumers need no more than 232, so the producer gets 40 and neither side
+  // spills; at D = 128 the consumers spill below 240, where a spill costs more than in the producer's bookkeeping.
+  static constexpr int kProducerRegisters = D == 64 ? 40 : 24;
+  static constexpr int kConsumerRegisters = D == 64 ? 232 : 240;
+  static_assert((FwdTraits<T, D>::kLaunchRegisters - kProducerRegisters) * 128 >=
+                    (kConsumerRegisters - FwdTraits<T, D>::kLaunchRegisters) * kConsumerThreads,
+                "the consumers' registers must come from the producer's");
   static constexpr int kKeyTileBytes = kBlockN * D * sizeof(T);    // K or V
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
   static constexpr int kDsBytes = kBlockN * kBlockM * sizeof(T);   // dS^T, one buffer
