@@ -118,7 +118,7 @@ def bench_shape(shape: Shape, args: argparse.Namespace, device: torch.device, dt
 
 def _measure(mode: str, run: Runner, x: Inputs, fwd_flops: int, device: torch.device, args: argparse.Namespace) -> dict:
     """A row's measurement of --layers calls a step: ms, TFLOP/s, peak memory, and with --kernel-times each kernel's
-    time and the share of the wall time they fill."""
+    time, the share of the wall time they fill and (GPU) the share of the profiled timeline they fill."""
     flops = fwd_flops * args.layers * MODE_FLOPS[mode]
     try:
         step = mode_step(mode, run, x, args.layers)
@@ -126,8 +126,10 @@ def _measure(mode: str, run: Runner, x: Inputs, fwd_flops: int, device: torch.de
         ms = median_ms(step, device, args.cpu_reps)
         kernels = {}
         if args.kernel_times:
-            kernels["kernels_us"] = kernel_times(step, device, args.kernel_times)
+            kernels["kernels_us"], gpu_busy = kernel_times(step, device, args.kernel_times)
             kernels["kernel_share"] = sum(kernels["kernels_us"].values()) / 1e3 / ms
+            if gpu_busy is not None:
+                kernels["gpu_busy"] = gpu_busy
     except Exception as error:  # recorded in the row; the run goes on
         return {"error": error_message(error)}
     return {"ms": ms, "tflops": flops / ms / 1e9, "peak_mib": peak, **kernels}
@@ -190,7 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--layers", type=int, default=1, metavar="L",
         help="each timed step makes L calls, as L layers do (fwd+bwd: L forwards, one backward through all); with "
-        "--kernel-times a row's kernel_share is the kernels' time over the wall time: what host overhead leaves",
+        "--kernel-times a row's kernel_share is the kernels' time over the wall time, and on a GPU its gpu_busy their "
+        "share of the profiled timeline: what host overhead leaves",
     )  # fmt: skip
     parser.add_argument(
         "--ncu-runs", type=int, default=0, metavar="N",

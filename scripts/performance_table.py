@@ -372,15 +372,18 @@ def layer_stacks(rows: list[dict]) -> list[str]:
         return []
     lines = [
         "Layer stacks (`--layers`: every layer's forward, then one backward through all; the kernels' share is their "
-        "summed time over the wall time):",
+        "summed time over the wall time, from separate runs; GPU busy, from one profiled run, is their share of the "
+        "span from its first kernel to its last: the rest is where the GPU waited for the host):",
         "",
-        "| implementation | mask | head dim | seqlen | batch × heads | mode | layers | ms | kernels' share |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| implementation | mask | head dim | seqlen | batch × heads | mode | layers | ms | kernels' share "
+        "| GPU busy |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in stacks:
+        busy = f"{r['gpu_busy']:.3f}" if r.get("gpu_busy") is not None else "–"
         lines.append(
             f"| {r['impl']} | {r['mask']} | {r['head_dim']} | {r['seqlen_q']:,} | {r['batch']} × {_heads(r)} | "
-            f"{r['mode']} | {r['layers']} | {r['ms']:.1f} | {r['kernel_share']:.3f} |"
+            f"{r['mode']} | {r['layers']} | {r['ms']:.1f} | {r['kernel_share']:.3f} | {busy} |"
         )
     return [*lines, ""]
 

@@ -151,6 +151,33 @@ def test_layers_stack_calls_and_say_what_the_kernels_fill(bench, tmp_path):
         assert (made, len(calls)) == ((3, 3) if mode == "bwd" else (0, 3))
 
 
+def test_gpu_busy_is_the_kernels_share_of_one_traces_timeline(monkeypatch):
+    """timing._busy_share: kernels' summed time over the span from the first one's start to the last one's end; a
+    gap between kernels (the GPU waiting for the host) lowers it, host-side events do not count."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    timing = importlib.import_module("benchmarking.attention.timing")
+    from types import SimpleNamespace
+
+    def event(device, start, end):
+        span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+        return SimpleNamespace(device_type=device, time_range=span)
+
+    cuda, cpu = timing.DeviceType.CUDA, timing.DeviceType.CPU
+    trace = SimpleNamespace(events=lambda: [event(cuda, 10, 40), event(cpu, 0, 100), event(cuda, 50, 90)])
+    assert timing._busy_share(trace) == pytest.approx(70 / 80)
+    assert timing._busy_share(SimpleNamespace(events=lambda: [event(cpu, 0, 5)])) is None
+
+
+def test_layer_stacks_render_both_shares(load_script):
+    """performance.md's layer stacks show the kernels' share of the wall time and, where the record has it, of the
+    profiled timeline ("–" for rows measured before gpu_busy existed)."""
+    table = load_script("performance_table")
+    row = {"impl": "fa3", "mask": "varlen-causal", "head_dim": 64, "seqlen_q": 16384, "batch": 1, "heads": 32,
+           "heads_k": 4, "mode": "fwd+bwd", "layers": 22, "ms": 104.9, "kernel_share": 0.92}  # fmt: skip
+    lines = table.layer_stacks([{**row, "gpu_busy": 0.997}, row])
+    assert lines[-3].endswith("| 0.920 | 0.997 |") and lines[-2].endswith("| 0.920 | – |")
+
+
 def test_fp8_rows_render_against_our_forward(load_script):
     """performance.md's FP8 table pairs each FP8 forward (kernel alone, and with quantization) with fa3's on the same
     shape, and skips FP8 rows that have no fa3 row."""

@@ -52,10 +52,14 @@ def peak_mib(step: Step, device: torch.device) -> float | None:
     return (torch.cuda.max_memory_allocated(device) - before) / 2**20
 
 
-def kernel_times(step: Step, device: torch.device, steps: int) -> dict[str, float]:
+def kernel_times(step: Step, device: torch.device, steps: int) -> tuple[dict[str, float], float | None]:
     """Microseconds per step of each CUDA kernel that `step` launches (on the CPU: each operator's own time), over
     `steps` runs under torch.profiler, longest first. Where do_bench gives one time, this says which kernel spends
-    it, so that close variants of a kernel are told apart by the kernel that changed."""
+    it, so that close variants of a kernel are told apart by the kernel that changed.
+
+    Also, on a GPU, the share of the profiled runs' timeline (first kernel's start to last kernel's end, the runs
+    back to back) that kernels fill: the rest is where the GPU waited for the host. One trace gives both, so the
+    share does not mix runs whose clocks differ (the summed kernel times over do_bench's median did, by several %)."""
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     step()  # compiles and caches outside the profile
@@ -70,4 +74,13 @@ def kernel_times(step: Step, device: torch.device, steps: int) -> dict[str, floa
         total = event.device_time_total if cuda else event.self_cpu_time_total
         if total > 0 and (not cuda or event.device_type == DeviceType.CUDA):
             times[event.key] = round(total / steps, 1)
-    return dict(sorted(times.items(), key=lambda item: -item[1]))
+    return dict(sorted(times.items(), key=lambda item: -item[1])), _busy_share(prof) if cuda else None
+
+
+def _busy_share(prof: profile) -> float | None:
+    """The kernels' summed time over the span from the first kernel's start to the last one's end (one stream)."""
+    ranges = [e.time_range for e in prof.events() if e.device_type == DeviceType.CUDA]
+    if not ranges:
+        return None
+    span = max(r.end for r in ranges) - min(r.start for r in ranges)
+    return sum(r.elapsed_us() for r in ranges) / span if span > 0 else None
