@@ -31,7 +31,7 @@ several processes and gather the parts in one record with --merge (which adds to
     python scripts/bench_attention.py --masks causal --merge          # one part of a split run
     python scripts/bench_attention.py --quick --kernel-times 10       # and each kernel's time per run (profiler)
     python scripts/bench_attention.py --layers 22 --kernel-times 3 --impls fa3 --masks varlen-causal --head-dims 64 \
-        --modes fwd+bwd                                               # a 22-layer stack: kernel_share = 1 - host
+        --modes fwd+bwd                                               # a 22-layer stack: gpu_busy = 1 - host
     python scripts/bench_attention.py --device cpu --out /tmp/bench   # dry run: reference and flex, tiny shapes
 
 With --ncu-runs N the selected shapes' implementations and modes only run N times each, untimed and unrecorded: the

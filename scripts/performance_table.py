@@ -366,14 +366,15 @@ def against_flex(table: list[dict], tflops: dict) -> list[str]:
 
 def layer_stacks(rows: list[dict]) -> list[str]:
     """The rows measured as a model's layers call the attention (--layers, --kernel-times): the share of the wall
-    time the GPU spends in kernels, what host overhead and stalls leave."""
+    time the GPU spends in kernels, and of one profiled trace's timeline (gpu_busy): what host overhead leaves."""
     stacks = [r for r in rows if r.get("kernel_share") is not None]
     if not stacks:
         return []
     lines = [
         "Layer stacks (`--layers`: every layer's forward, then one backward through all; the kernels' share is their "
-        "summed time over the wall time, from separate runs; GPU busy, from one profiled run, is their share of the "
-        "span from its first kernel to its last: the rest is where the GPU waited for the host):",
+        "summed time over the wall time, from separate runs; GPU busy, from one profiled trace, is their share of the "
+        "span from its first kernel to its last: the rest is where the GPU waited for the host, slowed by the "
+        "profiler):",
         "",
         "| implementation | mask | head dim | seqlen | batch × heads | mode | layers | ms | kernels' share "
         "| GPU busy |",

@@ -41,13 +41,15 @@ struct BwdTraits {
   static constexpr int kBlockN = 128;  // keys per block: 64 per consumer, the M of every wgmma
   static constexpr int kThreads = 384;  // the producer warpgroup, then two consumers
   static constexpr int kConsumerThreads = 256;
-  // Registers per thread, moved as in the forward (FwdTraits). The producer's walk over items spills at 24 (ptxas:
-  // 56 bytes at D = 64). At D = 64 the consumers need no more than 232, so the producer gets 40 and neither side
-  // spills; at D = 128 the consumers spill below 240, where a spill costs more than in the producer's bookkeeping.
+  // Registers per thread, moved by setmaxnreg as in the forward (FwdTraits), in steps of 8: 24 / 240 and 40 / 232
+  // are neighbouring splits. The producer's walk over items spills at 24 (ptxas: 56 bytes at D = 64, 52 at
+  // D = 128). At D = 64 the consumers need no more than 232, so the producer gets 40 and neither side spills; at
+  // D = 128 the consumers spill below 240, and the producer's small spill in its bookkeeping is the cheaper one.
   static constexpr int kProducerRegisters = D == 64 ? 40 : 24;
   static constexpr int kConsumerRegisters = D == 64 ? 232 : 240;
-  static_assert((FwdTraits<T, D>::kLaunchRegisters - kProducerRegisters) * 128 >=
-                    (kConsumerRegisters - FwdTraits<T, D>::kLaunchRegisters) * kConsumerThreads,
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static_assert((kLaunchRegisters - kProducerRegisters) * (kThreads - kConsumerThreads) >=
+                    (kConsumerRegisters - kLaunchRegisters) * kConsumerThreads,
                 "the consumers' registers must come from the producer's");
   static constexpr int kKeyTileBytes = kBlockN * D * sizeof(T);    // K or V
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage

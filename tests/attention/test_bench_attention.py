@@ -5,6 +5,7 @@ import importlib
 import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -135,7 +136,7 @@ def test_layers_stack_calls_and_say_what_the_kernels_fill(bench, tmp_path):
     args = [*ARGS, "--seqlens", "256", "--modes", "fwd", "fwd+bwd", "--layers", "3", "--kernel-times", "1"]
     assert bench.main([*args, "--out", str(tmp_path)]) == 0
     rows = [r for r in _record(tmp_path)["rows"] if r["ms"] is not None]
-    assert rows and all(r["layers"] == 3 and r["kernel_share"] > 0 for r in rows)
+    assert rows and all(r["layers"] == 3 and r["kernel_share"] > 0 and "gpu_busy" not in r for r in rows)  # CPU
     x = bench.make_inputs(bench.plan(bench.CPU_SCALE, quick=True)[0], bench.torch.float32, "cpu")
     calls = []
 
@@ -156,16 +157,19 @@ def test_gpu_busy_is_the_kernels_share_of_one_traces_timeline(monkeypatch):
     gap between kernels (the GPU waiting for the host) lowers it, host-side events do not count."""
     monkeypatch.syspath_prepend(str(SCRIPTS))
     timing = importlib.import_module("benchmarking.attention.timing")
-    from types import SimpleNamespace
 
-    def event(device, start, end):
-        span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
-        return SimpleNamespace(device_type=device, time_range=span)
+    def event(device, start, end, annotation=False):
+        span = SimpleNamespace(start=start, end=end)
+        return SimpleNamespace(device_type=device, time_range=span, is_user_annotation=annotation)
+
+    def share(*events):
+        return timing._busy_share(SimpleNamespace(events=lambda: list(events)))
 
     cuda, cpu = timing.DeviceType.CUDA, timing.DeviceType.CPU
-    trace = SimpleNamespace(events=lambda: [event(cuda, 10, 40), event(cpu, 0, 100), event(cuda, 50, 90)])
-    assert timing._busy_share(trace) == pytest.approx(70 / 80)
-    assert timing._busy_share(SimpleNamespace(events=lambda: [event(cpu, 0, 5)])) is None
+    assert share(event(cuda, 50, 90), event(cpu, 0, 100), event(cuda, 10, 40)) == pytest.approx(70 / 80)
+    assert share(event(cuda, 10, 40), event(cuda, 20, 30), event(cuda, 35, 60)) == 1  # overlaps count once
+    assert share(event(cuda, 0, 10), event(cuda, 0, 40, annotation=True), event(cuda, 20, 30)) == pytest.approx(2 / 3)
+    assert share(event(cpu, 0, 5)) is None
 
 
 def test_layer_stacks_render_both_shares(load_script):

@@ -58,8 +58,9 @@ def kernel_times(step: Step, device: torch.device, steps: int) -> tuple[dict[str
     it, so that close variants of a kernel are told apart by the kernel that changed.
 
     Also, on a GPU, the share of the profiled runs' timeline (first kernel's start to last kernel's end, the runs
-    back to back) that kernels fill: the rest is where the GPU waited for the host. One trace gives both, so the
-    share does not mix runs whose clocks differ (the summed kernel times over do_bench's median did, by several %)."""
+    back to back) that kernels fill: the rest is where the GPU waited for the host, a lower bound since the profiler
+    slows the launches. One trace gives both, so the share does not mix runs whose clocks differ (the summed kernel
+    times over do_bench's median did, by several %)."""
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     step()  # compiles and caches outside the profile
@@ -78,9 +79,20 @@ def kernel_times(step: Step, device: torch.device, steps: int) -> tuple[dict[str
 
 
 def _busy_share(prof: profile) -> float | None:
-    """The kernels' summed time over the span from the first kernel's start to the last one's end (one stream)."""
-    ranges = [e.time_range for e in prof.events() if e.device_type == DeviceType.CUDA]
+    """The time some kernel runs over the span from the first kernel's start to the last one's end (kernels that
+    overlap, on several streams, count once; annotations of the GPU timeline are not kernels)."""
+    ranges = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and not e.is_user_annotation
+    )
     if not ranges:
         return None
-    span = max(r.end for r in ranges) - min(r.start for r in ranges)
-    return sum(r.elapsed_us() for r in ranges) / span if span > 0 else None
+    busy, (start, end) = 0, ranges[0]
+    for a, b in ranges[1:]:  # merge the sorted intervals
+        if a > end:
+            busy, start = busy + end - start, a
+        end = max(end, b)
+    busy += end - start
+    span = end - ranges[0][0]
+    return busy / span if span > 0 else None
