@@ -60,14 +60,8 @@ class CudaBackend(KernelBackend):
         padded = kernels.padded_head_dim(head_dim, ext.head_dims)
         tile, _ = ext.tiles(padded, self.sm90)
         qk, kk, vk = (_kernel_layout(x, padded) for x in (batch.q, batch.k, batch.v))
-        out = torch.empty_like(qk)
-        lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
         schedule = _schedule(batch, tile, transposed=False)
-        ext.forward(
-            qk, kk, vk, out, lse, batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k,
-            schedule.counts, schedule.indices, _layout(batch), mask.ints(), batch.softmax_scale, batch.softcap,
-            self.sm90,
-        )  # fmt: skip
+        out, lse = self._launch(ext, qk, kk, vk, batch, schedule, _layout(batch), mask.ints())
         return _unpad(out, head_dim), lse
 
     def forward_like(self, batch: AttentionBatch) -> Callable[[AttentionBatch], tuple[Tensor, Tensor]]:
@@ -84,15 +78,23 @@ class CudaBackend(KernelBackend):
             q, k, v = call.q, call.k, call.v
             if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16:  # strides are alike, starts may not be aligned
                 return self.forward(call)
-            out = torch.empty_like(q)
-            lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
-            ext.forward(
-                q, k, v, out, lse, call.cu_seqlens_q, call.cu_seqlens_k, call.max_seqlen_q, call.max_seqlen_k,
-                schedule.counts, schedule.indices, layout, mask, call.softmax_scale, call.softcap, self.sm90,
-            )  # fmt: skip
-            return out, lse
+            return self._launch(ext, q, k, v, call, schedule, layout, mask)
 
         return forward
+
+    def _launch(
+        self, ext, q: Tensor, k: Tensor, v: Tensor, batch: AttentionBatch, schedule: BlockSchedule,
+        layout: Tensor | None, mask: list[int],
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """One forward launch on q, k, v as the kernels take them (the rest of the call from `batch`): out like q
+        (the kernels' head dim) and the logsumexp."""
+        out = torch.empty_like(q)
+        lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
+        ext.forward(
+            q, k, v, out, lse, batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k,
+            schedule.counts, schedule.indices, layout, mask, batch.softmax_scale, batch.softcap, self.sm90,
+        )  # fmt: skip
+        return out, lse
 
     def backward(
         self, batch: AttentionBatch, out: Tensor, lse: Tensor, dout: Tensor, dlse: Tensor | None
