@@ -75,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mlp-chunk-tokens", type=int, nargs="+", help="train.mlp_chunk_tokens values")
     parser.add_argument("--precision", nargs="+", choices=("autocast", "bf16-fsdp"),
                         help="train.precision values (bf16-fsdp: FSDP2; one GPU as a one-rank job)")  # fmt: skip
+    parser.add_argument("--grad-accum", type=int, nargs="+", help="train.grad_accum values (micro-batches a step)")
     parser.add_argument("--documents", nargs="+", choices=("long", "packed"), default=["long"],
                         help="long: one document fills a row (--doc-tokens); packed: the demo corpus as generated, "
                              "several documents to a row")  # fmt: skip
@@ -125,7 +126,8 @@ def settings(args: argparse.Namespace) -> list[Setting]:
     offloaded = [value == "true" for value in args.offload_activations] if args.offload_activations else [None]
     grid = itertools.product(
         args.models, args.activation_checkpointing or [None], saved, offloaded, args.mlp_chunk_tokens or [None],
-        args.precision or [None], args.loss_impl or [None], compiled, args.documents, args.attention,
+        args.precision or [None], args.loss_impl or [None], compiled, args.grad_accum or [None], args.documents,
+        args.attention,
     )  # fmt: skip
     return [
         Setting(
@@ -138,10 +140,11 @@ def settings(args: argparse.Namespace) -> list[Setting]:
             offload_activations=offload,
             mlp_chunk_tokens=chunk,
             precision=precision,
+            grad_accum=accum,
             gpus=args.gpus,
             documents=documents,
         )
-        for model, ckpt, save, offload, chunk, precision, loss, comp, documents, attention in grid
+        for model, ckpt, save, offload, chunk, precision, loss, comp, accum, documents, attention in grid
     ]
 
 

@@ -13,8 +13,8 @@ from legalpt.config import compose
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 ROW_KEYS = {"attention", "model", "seq_len", "batch_size", "gpus", "documents", "activation_checkpointing",
-            "save_attention", "offload_activations", "mlp_chunk_tokens", "precision", "compile", "loss_impl", "steps",
-            "tokens_per_s", "mfu", "peak_gib", "oom", "error", "vs_sdpa"}  # fmt: skip
+            "save_attention", "offload_activations", "mlp_chunk_tokens", "precision", "compile", "loss_impl",
+            "grad_accum", "steps", "tokens_per_s", "mfu", "peak_gib", "oom", "error", "vs_sdpa"}  # fmt: skip
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 PROFILE = {"steps": 2, "wall_ms": 10.0, "device_busy_ms": 9.0, "kernel_ms": {"attention": 5.0, "matmul": 3.0},
            "longest_kernels_ms": {"fwd_kernel": 5.0}}  # fmt: skip
@@ -232,6 +232,19 @@ def test_saved_attention_rows_stand_beside_plain_ones(fake_bench, tmp_path):
     assert {"train.save_attention=true"} <= set(fake.commands[-1])
     options = sys.modules["benchmarking.train.record"].options
     assert options(rows[-1]).startswith("full + saved attention / ")
+
+
+def test_grad_accum_names_its_rows(fake_bench, tmp_path):
+    """--grad-accum: overridden in each job, recorded in its row (1 where not given, as in records from before it),
+    shown in the table, and part of what a row's sdpa ratio is matched on."""
+    fake = FakeTrainer({"legalpt": 4096, "sdpa": 4096}, {"legalpt": 3000, "sdpa": 2000})
+    assert fake_bench.main(fake_args(tmp_path, "--grad-accum", "1", "4"), runner=fake) == 0
+    rows = _record(tmp_path)["rows"]
+    assert sorted({r["grad_accum"] for r in rows}) == [1, 4]
+    assert "train.grad_accum=4" in fake.commands[-1]
+    assert all(r["vs_sdpa"] == pytest.approx(1.5) for r in rows if r["attention"] == "legalpt")
+    options = sys.modules["benchmarking.train.record"].options
+    assert "4 micro-batches a step" in options(rows[-1]) and "micro-batches" not in options(rows[0])
 
 
 def test_memory_options_name_their_rows(fake_bench, tmp_path):

@@ -11,14 +11,15 @@ from __future__ import annotations
 from .. import record
 
 SETTING_FIELDS = ("model", "attention", "activation_checkpointing", "save_attention", "offload_activations",
-                  "mlp_chunk_tokens", "precision", "loss_impl", "compile", "gpus", "documents")  # fmt: skip
+                  "mlp_chunk_tokens", "precision", "loss_impl", "compile", "grad_accum", "gpus",
+                  "documents")  # fmt: skip
 ROW_KEY = (*SETTING_FIELDS, "seq_len", "batch_size")
 BASELINE = "sdpa"  # the attention the ratios are against (transformers' sdpa, documents kept apart)
 
 
 # what a field means in records from before it: rows merge with their redone jobs
 ABSENT = {"save_attention": False, "offload_activations": False, "mlp_chunk_tokens": 0, "precision": "autocast",
-          "documents": "long"}  # fmt: skip
+          "grad_accum": 1, "documents": "long"}  # fmt: skip
 
 
 def key(row: dict, fields: tuple[str, ...] = ROW_KEY) -> tuple:
@@ -62,13 +63,14 @@ def _union(old: list[dict], new: list[dict], fields: tuple[str, ...]) -> list[di
 
 def options(row: dict) -> str:
     """A row's trainer options in one cell: activation checkpointing (+ saved attention, offloading, MLP chunks, bf16
-    parameters) / loss / compile."""
+    parameters, micro-batches a step) / loss / compile."""
     compiled = {True: "compiled", False: "eager", None: "–"}[row["compile"]]
     extras = [  # records from before these options lack them
         "saved attention" if row.get("save_attention") else "",
         "offloaded" if row.get("offload_activations") else "",
         f"MLP in {row['mlp_chunk_tokens']}-token chunks" if row.get("mlp_chunk_tokens") else "",
         "bf16 parameters" if row.get("precision") == "bf16-fsdp" else "",
+        f"{row['grad_accum']} micro-batches a step" if (row.get("grad_accum") or 1) > 1 else "",
         "packed documents" if row.get("documents") == "packed" else "",
     ]
     ckpt = " + ".join([row["activation_checkpointing"] or "–", *filter(None, extras)])

@@ -2,17 +2,17 @@
 out-of-memory leaves nothing behind for the next job, and the row read from the job's metrics.jsonl.
 
 A row is {attention, model, seq_len, batch_size, gpus, documents, activation_checkpointing, save_attention,
-offload_activations, mlp_chunk_tokens, precision, compile, loss_impl, steps, tokens_per_s, mfu, peak_gib, oom, error},
-and with --profile its `profile` (legalpt.train.profiling's summary); documents: the corpus (Setting.documents). The
-seven options are the values the job ran with (its composed config), null where this tree's config has no such
-field; an option the benchmark was not given is not overridden, so the script runs on trees from before and after
-the options exist (those with `train.eval_every=0`, which every job sets: held-out evaluation measures nothing here
-and costs a step's time at long seq_lens). A job writes no checkpoint and no export where the tree can skip them
-(`no_saving`). tokens_per_s and mfu are medians over the steps after the first `warmup` (train.log_every=1 makes
-each step its own window), peak_gib the largest peak; a metric the trainer does not log (MFU and peak memory on a
-CPU) is null. oom: the job failed out of memory (CUDA's error, or a SIGKILL, as the host's OOM killer sends); error:
-the last error line of any other failure, or the timeout, and for an oom which memory ran out (CUDA's line, naming
-the allocation, or the SIGKILL).
+offload_activations, mlp_chunk_tokens, precision, compile, loss_impl, grad_accum, steps, tokens_per_s, mfu, peak_gib,
+oom, error}, and with --profile its `profile` (legalpt.train.profiling's summary); documents: the corpus
+(Setting.documents). The eight options are the values the job ran with (its composed config), null where this tree's
+config has no such field; an option the benchmark was not given is not overridden, so the script runs on trees from
+before and after the options exist (those with `train.eval_every=0`, which every job sets: held-out evaluation
+measures nothing here and costs a step's time at long seq_lens). A job writes no checkpoint and no export where the
+tree can skip them (`no_saving`). tokens_per_s and mfu are medians over the steps after the first `warmup`
+(train.log_every=1 makes each step its own window), peak_gib the largest peak; a metric the trainer does not log (MFU
+and peak memory on a CPU) is null. oom: the job failed out of memory (CUDA's error, or a SIGKILL, as the host's OOM
+killer sends); error: the last error line of any other failure, or the timeout, and for an oom which memory ran out
+(CUDA's line, naming the allocation, or the SIGKILL).
 
 A job's packed data is built before it, untimed, by `legalpt-prepare` (once per data configuration), so that the
 timeout and the first steps measure training alone.
@@ -44,7 +44,7 @@ CHARS_PER_TOKEN = 6  # characters of a joined demo document per token it must ho
 DOCUMENTS_PER_KIND = 3  # joined documents of each kind (contract, opinion): one is held out, the rest trained on
 OPTIONS = (  # train.* a setting may override
     "activation_checkpointing", "save_attention", "offload_activations", "mlp_chunk_tokens", "precision", "loss_impl",
-    "compile",
+    "compile", "grad_accum",
 )  # fmt: skip
 _OOM = re.compile(r"out of memory|OutOfMemoryError|SIGKILL", re.IGNORECASE)
 _LAUNCHER_ERROR = re.compile(r"ChildFailedError|CalledProcessError")  # the launchers' own, after the job's
@@ -67,6 +67,7 @@ class Setting:
     offload_activations: bool | None = None
     mlp_chunk_tokens: int | None = None
     precision: str | None = None  # train.precision; bf16-fsdp runs under FSDP2 (train.distributed=fsdp2)
+    grad_accum: int | None = None  # micro-batches per optimizer step (the optimizer's time shared by as many rows)
     gpus: int = 1  # processes (one GPU each)
     # long: one document fills a row (demo_data); packed: the demo corpus as generated, several documents to a row
     documents: str = "long"
