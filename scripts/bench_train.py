@@ -16,12 +16,12 @@ time goes: wall against GPU-busy milliseconds and kernel time by kind (matmul, a
 
 Trainer options are Hydra overrides given only when asked for (--activation-checkpointing full selective ...,
 --save-attention true false, --offload-activations, --mlp-chunk-tokens, --precision autocast bf16-fsdp (a one-GPU
-bf16-fsdp job runs as a one-rank torchrun job), --loss-impl, --compile true false, --override KEY=VALUE for anything
-else), so the script runs on trees with and without them. The record goes to <out>/train-<gpu>-<yyyymmdd>.json (header,
-rows, search, longest; scripts/benchmarking/record.py names and heads it), rewritten after every job, so a run cut off
-by a time limit keeps what it measured; --merge adds this run to the record of the same day, and a search continues from
-the jobs the record already holds. Give every part of a split run the same --doc-tokens (else the default, the longest
-seq_len of each part, makes a different corpus per part).
+bf16-fsdp job runs as a one-rank torchrun job), --loss-impl, --compile true false, --grad-accum (micro-batches a
+step), --override KEY=VALUE for anything else), so the script runs on trees with and without them. The record goes to
+<out>/train-<gpu>-<yyyymmdd>.json (header, rows, search, longest; scripts/benchmarking/record.py names and heads it),
+rewritten after every job, so a run cut off by a time limit keeps what it measured; --merge adds this run to the
+record of the same day, and a search continues from the jobs the record already holds. Give every part of a split run
+the same --doc-tokens (else the default, the longest seq_len of each part, makes a different corpus per part).
 
     python scripts/bench_train.py                                          # 1b preset at 8k and 32k, one GPU
     python scripts/bench_train.py --seq-lens 8192 --loss-impl chunked --activation-checkpointing full \\

@@ -51,7 +51,10 @@ def commands(head: dict) -> list[str]:
 def corpora(head: dict) -> str:
     """The corpora a training record's rows ran on, with their data overrides."""
     named = []
-    if head.get("data"):
+    if head.get("data") and head.get("parts"):  # each run sized its own; the merge keeps the last run's overrides
+        named.append("the long-document demo corpus (data=demo_long, each run's documents at least its --doc-tokens "
+                     "long, else its longest seq_len)")  # fmt: skip
+    elif head.get("data"):
         named.append(f"the long-document demo corpus ({' '.join(head['data'])})")
     if head.get("data_packed"):
         named.append(f"the demo corpus as generated for the rows of packed documents ({' '.join(head['data_packed'])})")
@@ -60,7 +63,7 @@ def corpora(head: dict) -> str:
 
 def steps(head: dict) -> str:
     """Which steps a training record's medians cover: a record merged from several runs (`parts`) sized each its own
-    corpus and steps, as its command says, and names the last run's corpus only."""
+    corpus and steps, as its command says."""
     if head.get("parts"):
         return "each job's warm-up (each run's --steps and --warmup below, else 10 and 3; its corpus sized to its rows)"
     return f"the first {head['warmup']} of {head['steps']}"

@@ -43,8 +43,16 @@ class FakeTrainer:
     metrics.jsonl with a slow first step, then `speed[attention]` tokens/s for every other step (times `packed`
     on the demo corpus as generated)."""
 
-    def __init__(self, capacity: dict, speed: dict, fail: str | None = None, packed: dict | None = None):
+    def __init__(
+        self,
+        capacity: dict,
+        speed: dict,
+        fail: str | None = None,
+        packed: dict | None = None,
+        accum: dict | None = None,
+    ):
         self.capacity, self.speed, self.fail, self.packed = capacity, speed, fail, packed or {}
+        self.accum = accum or {}  # speed factors of jobs with train.grad_accum > 1
         self.commands: list[list[str]] = []  # legalpt-train's
         self.prepared: list[list[str]] = []  # legalpt-prepare's
 
@@ -68,6 +76,7 @@ class FakeTrainer:
             for step in range(1, int(given["train.steps"]) + 1):
                 speed = self.speed[attention] * (0.1 if step == 1 else 1 + step / 100)
                 speed *= self.packed.get(attention, 1.0) if given["data"] == "demo" else 1.0
+                speed *= self.accum.get(attention, 1.0) if int(given.get("train.grad_accum", 1)) > 1 else 1.0
                 speed *= 0.5 if start < step <= start + count else 1  # the profiler slows its steps down
                 metrics = {"train/tokens_per_s": speed, "train/mfu": speed / 1e6, "train/peak_gib": seq_len / 100}
                 peak = {"train/mfu_peak": "Fake GPU (dense bf16 table)", "train/mfu_peak_tflops": 1.0}
@@ -235,16 +244,21 @@ def test_saved_attention_rows_stand_beside_plain_ones(fake_bench, tmp_path):
 
 
 def test_grad_accum_names_its_rows(fake_bench, tmp_path):
-    """--grad-accum: overridden in each job, recorded in its row (1 where not given, as in records from before it),
-    shown in the table, and part of what a row's sdpa ratio is matched on."""
-    fake = FakeTrainer({"legalpt": 4096, "sdpa": 4096}, {"legalpt": 3000, "sdpa": 2000})
+    """--grad-accum: overridden in each job, recorded in its row, shown in the table, and part of what a row's sdpa
+    ratio is matched on (legalpt gains twice as much from accumulation here); a run without it records the config's
+    1 and overrides nothing."""
+    fake = FakeTrainer({"legalpt": 4096, "sdpa": 4096}, {"legalpt": 3000, "sdpa": 2000}, accum={"legalpt": 2.0})
     assert fake_bench.main(fake_args(tmp_path, "--grad-accum", "1", "4"), runner=fake) == 0
     rows = _record(tmp_path)["rows"]
-    assert sorted({r["grad_accum"] for r in rows}) == [1, 4]
     assert "train.grad_accum=4" in fake.commands[-1]
-    assert all(r["vs_sdpa"] == pytest.approx(1.5) for r in rows if r["attention"] == "legalpt")
+    ratios = {r["grad_accum"]: r["vs_sdpa"] for r in rows if r["attention"] == "legalpt" and r["seq_len"] == 256}
+    assert ratios == {1: pytest.approx(1.5), 4: pytest.approx(3.0)}
     options = sys.modules["benchmarking.train.record"].options
     assert "4 micro-batches a step" in options(rows[-1]) and "micro-batches" not in options(rows[0])
+    plain = tmp_path / "plain"
+    assert fake_bench.main(fake_args(plain), runner=fake) == 0
+    assert {r["grad_accum"] for r in _record(plain)["rows"]} == {1}
+    assert not any("train.grad_accum" in arg for command in fake.commands[-2:] for arg in command)
 
 
 def test_memory_options_name_their_rows(fake_bench, tmp_path):
@@ -300,8 +314,9 @@ def test_packed_rows_run_on_the_demo_corpus_beside_long_ones(fake_bench, tmp_pat
     assert "the demo corpus as generated for the rows of packed documents (data=demo)" in text
 
 
-def test_a_merged_part_keeps_the_corpora_of_the_parts_before(fake_bench, tmp_path):
-    """A long-only part merged into a record with packed rows: the header still names the packed corpus."""
+def test_a_merged_part_keeps_the_corpora_of_the_parts_before(fake_bench, tmp_path, load_script):
+    """A long-only part merged into a record with packed rows: the header still names the packed corpus, and the
+    table says each run sized its own long corpus (the header keeps the last run's overrides only)."""
     fake = FakeTrainer({"legalpt": 3000, "sdpa": 3000}, {"legalpt": 2.0, "sdpa": 1.0})
     assert fake_bench.main(fake_args(tmp_path, "--documents", "packed"), runner=fake) == 0
     assert _record(tmp_path)["header"]["data"] is None  # no job ran on the long corpus
@@ -309,6 +324,8 @@ def test_a_merged_part_keeps_the_corpora_of_the_parts_before(fake_bench, tmp_pat
     head = _record(tmp_path)["header"]
     assert head["documents"] == ["long", "packed"] and head["data_packed"] == ["data=demo"]
     assert "data=demo_long" in head["data"]
+    corpora = load_script("performance_table").corpora(head)
+    assert "each run's documents at least its --doc-tokens long" in corpora and "synthetic_min_chars" not in corpora
 
 
 def test_jobs_save_nothing_where_the_tree_can_skip_it(bench):
@@ -359,11 +376,13 @@ def test_performance_table_renders_a_gpu_record(fake_bench, tmp_path, monkeypatc
 
 
 def test_rows_from_before_save_attention_merge_with_their_redone_jobs(bench):
-    """A record written before the option has no save_attention: its rows are the redone jobs' (False), not others."""
+    """A record written before the options has no save_attention or grad_accum: its rows are the redone jobs' (False,
+    1), not others."""
     record = sys.modules["benchmarking.train.record"]
     old_row = {"model": "1b", "attention": "legalpt", "activation_checkpointing": "full", "loss_impl": "chunked",
                "compile": False, "gpus": 1, "seq_len": 8192, "batch_size": 1, "tokens_per_s": 1.0}  # fmt: skip
-    redone, saving = {**old_row, "save_attention": False, "tokens_per_s": 2.0}, {**old_row, "save_attention": True}
+    redone = {**old_row, "save_attention": False, "grad_accum": 1, "tokens_per_s": 2.0}
+    saving = {**old_row, "save_attention": True}
     old = {"header": {"command": "first"}, "rows": [old_row], "search": [], "longest": []}
     merged = record.build({"command": "second"}, [redone, saving], [], [], old)
     assert [(r["save_attention"], r["tokens_per_s"]) for r in merged["rows"]] == [(False, 2.0), (True, 1.0)]

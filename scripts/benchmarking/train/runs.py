@@ -67,7 +67,7 @@ class Setting:
     offload_activations: bool | None = None
     mlp_chunk_tokens: int | None = None
     precision: str | None = None  # train.precision; bf16-fsdp runs under FSDP2 (train.distributed=fsdp2)
-    grad_accum: int | None = None  # micro-batches per optimizer step (the optimizer's time shared by as many rows)
+    grad_accum: int | None = None  # micro-batches per optimizer step (the optimizer's step amortized over them)
     gpus: int = 1  # processes (one GPU each)
     # long: one document fills a row (demo_data); packed: the demo corpus as generated, several documents to a row
     documents: str = "long"
