@@ -41,7 +41,7 @@ def _record(out: Path) -> dict:
 class FakeTrainer:
     """Stands in for legalpt-train: a job fits when seq_len <= capacity[attention]; one that fits writes
     metrics.jsonl with a slow first step, then `speed[attention]` tokens/s for every other step (times `packed`
-    on the demo corpus as generated)."""
+    on the demo corpus as generated, times `accum` where train.grad_accum > 1)."""
 
     def __init__(
         self,
