@@ -1,5 +1,6 @@
 """Test setup shared by the whole suite: offline hubs and trackers, the `cuda` marker's skip, and fixtures: seeded
-randomness, the tiny model config, an interrupted training run, the scripts under scripts/ as modules."""
+randomness, the tiny model config, an interrupted training run, the scripts under scripts/ as modules; accelerate's
+process-wide state cleared after each test."""
 
 import os
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState
 from omegaconf import OmegaConf
 
 from legalpt.config import CONF_DIR, ModelConfig
@@ -28,6 +30,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerator_state():
+    """Each test's Accelerator starts from scratch: accelerate keeps one AcceleratorState per process and refuses a
+    second Accelerator of another mixed precision (a bare `Accelerator()` in one test, a bf16 training run in the
+    next). The process group (PartialState) is kept, as a launched job keeps it."""
+    yield
+    AcceleratorState._reset_state()
 
 
 @pytest.fixture
