@@ -285,8 +285,8 @@ void forward_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& vt,
 #endif
 
 // The backward: accumulates dq_accum (zeroed by prepare), writes dk and dv. dq_counts, dq_indices: the forward's
-// schedule, read by the deterministic dQ pass. split_tiles key tiles (the global keys') are each split over
-// split_chunks blocks adding into dkv_split.
+// schedule, read by the deterministic dQ pass. split_tiles key tiles are each split over split_chunks blocks adding
+// into dkv_split: shares of the global keys' rows, or split_heads heads of the GQA group each (Params).
 template <typename Context>
 void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               const at::Tensor& lse_log2, const at::Tensor& delta, at::Tensor& dq_accum, at::Tensor& dk,
@@ -294,7 +294,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
               const at::Tensor& counts, const at::Tensor& indices, const OptTensor& layout,
               const std::vector<int64_t>& mask, double scale, double softcap, const at::Tensor& dq_counts,
               const at::Tensor& dq_indices, bool deterministic, int64_t split_tiles, int64_t split_chunks,
-              const at::Tensor& dkv_split, bool sm90) {
+              int64_t split_heads, const at::Tensor& dkv_split, bool sm90) {
   const Context context(q.device());
   Problem pb = problem(q, k, v, lse_log2, cu_q, cu_k, max_q, max_k, counts, indices, layout, mask, scale, softcap);
   Params& p = pb.p;
@@ -307,6 +307,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   p.dv = view(dv);
   p.split_tiles = static_cast<int>(split_tiles);
   p.split_chunks = static_cast<int>(split_chunks);
+  p.split_heads = static_cast<int>(split_heads);
   p.dkv_split = view(dkv_split);
   pb.o = describe(dout);
   pb.dq_accum = describe(dq_accum);

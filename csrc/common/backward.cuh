@@ -43,16 +43,19 @@ struct BwdBlockIndex {
 };
 __device__ __forceinline__ BwdBlockIndex bwd_block_index(const Params& p, int i, int key_blocks, int documents) {
   const int per_tile = documents * (p.heads / p.kv_group);
-  const bool tile_first = p.kv_group > 1;
+  const bool tile_first = p.kv_group > 1 && p.split_heads == 0;
   const int x = tile_first ? i / per_tile : i % key_blocks, rest = tile_first ? i % per_tile : i / key_blocks;
   const int split_blocks = p.split_tiles * p.split_chunks;
-  const bool split = x < split_blocks;
-  return {split ? x / p.split_chunks : x - split_blocks + p.split_tiles, split ? x % p.split_chunks : -1,
-          rest % documents, rest / documents, split};
+  BwdBlockIndex index{x - split_blocks + p.split_tiles, -1, rest % documents, rest / documents, x < split_blocks};
+  if (index.split) {  // a part of the group's heads takes the key tiles in turn, as a head does without GQA
+    index.n_blk = p.split_heads > 0 ? x % p.split_tiles : x / p.split_chunks;
+    index.chunk = p.split_heads > 0 ? x / p.split_tiles : x % p.split_chunks;
+  }
+  return index;
 }
 
 // The (query head, query tile) pairs a block visits, in order: every head of the group, each head's schedule row of
-// the key tile, or of a split tile the block's chunk of each row.
+// the key tile; of a split tile the block's chunk of each row, or its split_heads heads.
 struct BwdWork {
   int g, t, end;  // group member, position in its visit list and the end of this block's part; g == kv_group: done
   int tile;       // the query tile, vis.tiles[t]: read when advancing, an iteration before the copy that needs it
@@ -61,13 +64,20 @@ struct BwdWork {
 
 // The next pair after w; start from {-1, 0, 0}. chunk: this block's part of a split key tile, -1 for a whole one.
 __device__ __forceinline__ void advance(const Params& p, BwdWork& w, int b, int hk, int n_blk, int chunk) {
+  const bool heads = chunk >= 0 && p.split_heads > 0, rows = chunk >= 0 && p.split_heads == 0;
+  const int last = heads ? (chunk + 1) * p.split_heads : p.kv_group;  // past the block's heads
+  if (heads && w.g < 0) w.g = chunk * p.split_heads - 1;
   ++w.t;
-  while (w.t >= w.end && ++w.g < p.kv_group) {
+  while (w.t >= w.end && ++w.g < last) {
     w.vis = visits(p.schedule, b, hk * p.kv_group + w.g, n_blk);
-    w.t = chunk < 0 ? 0 : w.vis.count * chunk / p.split_chunks;
-    w.end = chunk < 0 ? w.vis.count : w.vis.count * (chunk + 1) / p.split_chunks;
+    w.t = rows ? w.vis.count * chunk / p.split_chunks : 0;
+    w.end = rows ? w.vis.count * (chunk + 1) / p.split_chunks : w.vis.count;
   }
-  if (w.g < p.kv_group) w.tile = w.vis.tiles[w.t];
+  if (w.g < last) {
+    w.tile = w.vis.tiles[w.t];
+  } else {
+    w.g = p.kv_group;  // done, for every caller's loop
+  }
 }
 
 // The element rule on a warp's partial S^T / dP^T tile in one-level (16 keys from `key0` x BM queries from `q0`):
@@ -135,7 +145,7 @@ __device__ __forceinline__ void store_dkv(const Params& p, const float (&dk)[KT]
       const int j = j0 + 16 * m + lane / 4 + 8 * r;
       if (j >= doc.lk) continue;
       if (split) {
-        float* row = row_ptr<float>(p.dkv_split, b, 0, j, hk) + d0 + 2 * (lane % 4);
+        float* row = row_ptr<float>(p.dkv_split, b, p.split_heads > 0 ? doc.k_start : 0, j, hk) + d0 + 2 * (lane % 4);
 #pragma unroll
         for (int n = 0; n < DW / 8; ++n) {
           atomic_add2(row + 8 * n, dk[m][n][2 * r], dk[m][n][2 * r + 1]);

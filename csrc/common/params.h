@@ -42,10 +42,12 @@ struct Params {
   const float* delta;        // rowsum(dO * O) - dlse, laid out like lse
   float ds_scale;            // softmax_scale: d score / d (q . k) without softcap
   int deterministic;         // 1: dQ from dq_kernel (fixed order) instead of atomics in bwd_kernel
-  // The first split_tiles key tiles of each document (those of the global keys) are each split over split_chunks
-  // blocks, which add their parts of dK and dV into dkv_split: float32 (documents, split_tiles * kBlockN, key
-  // heads, 2 * D), dK then dV per row, zeroed by the caller. split_chunks = 1: no split.
-  int split_tiles, split_chunks;
+  // The first split_tiles key tiles of each document are each split over split_chunks blocks, which add their parts
+  // of dK and dV into dkv_split (float32, dK then dV per row, zeroed by the caller). split_chunks = 1: no split.
+  // With split_heads = 0 the tiles are the global keys' and a part is a share of every row of their schedule;
+  // dkv_split is (documents, split_tiles * kBlockN, key heads, 2 * D). Else every key tile is split and a part is
+  // split_heads query heads of the GQA group, whole rows; dkv_split is laid out like dK, 2 * D wide.
+  int split_tiles, split_chunks, split_heads;
   Tensor4 dkv_split;
 };
 

@@ -392,7 +392,7 @@ __global__ void split_dkv_kernel(const __grid_constant__ Params p) {
   const int kv_heads = p.heads / p.kv_group;
   for (int e = threadIdx.x; e < kv_heads * D; e += blockDim.x) {  // (key head, dK or dV, column pair)
     const int hk = e / D, which = e / (D / 2) % 2, d = 2 * (e % (D / 2));
-    const float* sum = row_ptr<float>(p.dkv_split, b, 0, j, hk) + which * D + d;
+    const float* sum = row_ptr<float>(p.dkv_split, b, p.split_heads > 0 ? doc.k_start : 0, j, hk) + which * D + d;
     T* out = row_ptr<T>(which ? p.dv : p.dk, b, doc.k_start, j, hk) + d;
     *reinterpret_cast<uint32_t*>(out) = pack2<T>(sum[0], sum[1]);
   }

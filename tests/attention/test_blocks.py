@@ -94,16 +94,16 @@ def test_the_backward_splits_only_the_key_tiles_of_global_tokens(monkeypatch):
     monkeypatch.setattr(cuda, "SPLIT_VISITS", 32)
     tile = (64, 128)  # (query rows, keys) of a backward tile
 
-    def split(global_tokens: int, max_q: int, max_k: int, deterministic: bool) -> tuple[int, int]:
+    def split(global_tokens: int, max_q: int, max_k: int, deterministic: bool) -> tuple[int, int, int]:
         none = torch.empty(0)
         mask = MaskSpec(global_tokens=global_tokens)
         return cuda._split(
             AttentionBatch(none, none, none, None, None, max_q, max_k, mask, 1.0, 0.0, deterministic), tile
         )
 
-    assert split(64, 65536, 65536, deterministic=False) == (1, 32)  # 1024 query tiles, 32 per block
-    assert split(129, 65536, 65536, deterministic=False) == (2, 32)  # 129 global keys span two tiles
-    assert split(300, 3000, 100, deterministic=False) == (1, 2)  # no more tiles than the keys have
-    assert split(64, 65536, 65536, deterministic=True) == (0, 1)
-    assert split(0, 65536, 65536, deterministic=False) == (0, 1)
-    assert split(64, 2048, 2048, deterministic=False) == (0, 1)  # 32 query tiles: one block
+    assert split(64, 65536, 65536, deterministic=False) == (1, 32, 0)  # 1024 query tiles, 32 per block
+    assert split(129, 65536, 65536, deterministic=False) == (2, 32, 0)  # 129 global keys span two tiles
+    assert split(300, 3000, 100, deterministic=False) == (1, 2, 0)  # no more tiles than the keys have
+    assert split(64, 65536, 65536, deterministic=True) == (0, 1, 0)
+    assert split(0, 65536, 65536, deterministic=False) == (0, 1, 0)
+    assert split(64, 2048, 2048, deterministic=False) == (0, 1, 0)  # 32 query tiles: one block

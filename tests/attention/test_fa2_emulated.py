@@ -18,6 +18,7 @@ import itertools
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 import torch
@@ -213,7 +214,41 @@ def test_emulated_split_global_key_tiles(
         _check(q, k, v, kw, backend=backend)
     _, tile = kernels.emulated(head_dim).tiles(head_dim, backend == "fa3")  # (query rows, keys) of the backward's
     batch = AttentionBatch(q, k, v, None, None, 200, 200, MaskSpec(global_tokens=global_tokens), 1.0)
-    assert cuda._split(batch, tile) == (split_tiles, -(-200 // tile[0]))  # one block per query tile of the 200 rows
+    # one block per query tile of the 200 rows
+    assert cuda._split(batch, tile) == (split_tiles, -(-200 // tile[0]), 0)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "heads", "part", "varlen", "backend"),
+    [
+        (64, (4, 1), 1, False, "fa2"),
+        (96, (6, 2), 1, True, "fa2"),
+        (128, (4, 1), 2, True, "fa3"),
+        (64, (4, 2), 1, False, "fa3"),
+    ],
+    ids=["d64-one-head", "d96-varlen", "fa3-d128-two-heads-varlen", "fa3-d64-one-head"],
+)
+def test_emulated_split_gqa_groups(
+    head_dim: int, heads: tuple, part: int, varlen: bool, backend: str, monkeypatch, rng
+):
+    """The causal backward with each GQA group's query heads split over blocks of `part` heads (cuda.GQA_PART),
+    every key tile's dK and dV added in float32 (split_dkv_kernel) in a buffer laid out like dK: batch and varlen
+    (documents at their offsets, one shorter than a key tile), two-level and one-level layouts, both paths."""
+    monkeypatch.setattr(cuda, "GQA_PART", part)
+    kw = {"causal": True}
+    if varlen:
+        lens = [200, 9, 150]
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+        q, k, v = _qkv((sum(lens), heads[0], head_dim), (sum(lens), heads[1], head_dim), torch.float16)
+        _check(q, k, v, kw, (cu, cu, max(lens), max(lens)), backend)
+    else:
+        q, k, v = _qkv((2, 200, heads[0], head_dim), (2, 200, heads[1], head_dim), torch.bfloat16)
+        _check(q, k, v, kw, backend=backend)
+    _, tile = kernels.emulated(head_dim).tiles(head_dim, backend == "fa3")
+    batch = AttentionBatch(q, k, v, None, None, 200, 200, MaskSpec(causal=True), 1.0)
+    assert cuda._split(batch, tile) == (-(-200 // tile[1]), heads[0] // heads[1] // part, part)
+    assert cuda._split(replace(batch, mask=MaskSpec()), tile) == (0, 1, 0)  # dense: a block per group
+    assert cuda._split(replace(batch, deterministic=True), tile) == (0, 1, 0)
 
 
 @pytest.mark.parametrize(
