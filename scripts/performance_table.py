@@ -44,7 +44,8 @@ def commands(head: dict) -> list[str]:
     at other commits: each then with its commit and date)."""
     lines = head.get("parts", [head["command"]])
     if head.get("part_provenance"):
-        lines = [f"{line}  # {where}" for line, where in zip(lines, head["part_provenance"], strict=True)]
+        provenance = head["part_provenance"]
+        lines = [f"{line}  # {where}" if where else line for line, where in zip(lines, provenance, strict=True)]
     return ["```bash", *lines, "```", ""]
 
 

@@ -60,3 +60,13 @@ def test_a_merged_record_keeps_every_runs_command_commit_and_date(record):
     assert again["part_provenance"] == [
         "commit 1111111, 2026-12-05", "commit 2222222-dirty, 2026-12-07", "commit 3333333, 2026-12-08"
     ]  # fmt: skip
+
+
+def test_a_record_merged_before_provenance_was_kept_names_its_last_part(record, load_script):
+    older = {"parts": ["a", "b"], "command": "b", "commit": "1111111", "date": "2026-12-05T10:00:00+00:00"}
+    new = {"command": "c", "commit": "2222222", "date": "2026-12-07T10:00:00+00:00"}
+    merged = record.parts(older, new)
+    assert merged["parts"] == ["a", "b", "c"]
+    assert merged["part_provenance"] == ["", "commit 1111111, 2026-12-05", "commit 2222222, 2026-12-07"]
+    lines = load_script("performance_table").commands({**new, **merged})
+    assert lines[1:4] == ["a", "b  # commit 1111111, 2026-12-05", "c  # commit 2222222, 2026-12-07"]
