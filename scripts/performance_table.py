@@ -45,7 +45,7 @@ def commands(head: dict) -> list[str]:
     lines = head.get("parts", [head["command"]])
     if head.get("part_provenance"):
         provenance = head["part_provenance"]
-        lines = [f"{line}  # {where}" if where else line for line, where in zip(lines, provenance, strict=True)]
+        lines = [f"{line}  # {where or 'commit unknown'}" for line, where in zip(lines, provenance, strict=True)]
     return ["```bash", *lines, "```", ""]
 
 

@@ -69,4 +69,4 @@ def test_a_record_merged_before_provenance_was_kept_names_its_last_part(record, 
     assert merged["parts"] == ["a", "b", "c"]
     assert merged["part_provenance"] == ["", "commit 1111111, 2026-12-05", "commit 2222222, 2026-12-07"]
     lines = load_script("performance_table").commands({**new, **merged})
-    assert lines[1:4] == ["a", "b  # commit 1111111, 2026-12-05", "c  # commit 2222222, 2026-12-07"]
+    assert lines[1:4] == ["a  # commit unknown", "b  # commit 1111111, 2026-12-05", "c  # commit 2222222, 2026-12-07"]

@@ -31,12 +31,14 @@ __device__ __forceinline__ void score_grads(const Params& p, float& s, float& dp
 }
 
 // The backward block i of a 1-D grid over key blocks (split parts first) x documents x key heads: its key tile (or
-// split tile's part), document and key head. Under GQA key tiles vary slowest, so blocks start in decreasing order of
-// work under causal masks and packed documents (a document's first key tiles are seen by the most query tiles, the
-// split global keys' by all): a block visits its key head's whole GQA group, so items are few and long, and in a
-// head-major order the last heads' longest tiles started after the other heads' short ones and ended the pass late.
-// Without GQA items are many and short, and a head's key tiles go in turn instead, so that the blocks at work at once
-// share its Q and dO in L2 (key tile first measured 0.71x on packed documents at d128 16/16, 16k).
+// split tile's part), document and key head. Where a block visits its key head's whole GQA group (no split of the
+// group's heads: dense and windowed masks, global tokens, deterministic mode), key tiles vary slowest, so blocks
+// start in decreasing order of work under causal masks and packed documents (a document's first key tiles are seen
+// by the most query tiles, the split global keys' by all): such items are few and long, and in a head-major order the
+// last heads' longest tiles started after the other heads' short ones and ended the pass late. Without GQA, and for
+// the parts of a split group (split_heads > 0, each a few heads), items are many and short, and a head's key tiles go
+// in turn instead, so that the blocks at work at once share its Q and dO in L2 (key tile first measured 0.71x on
+// packed documents at d128 16/16, 16k).
 struct BwdBlockIndex {
   int n_blk, chunk, b, hk;  // chunk: the split tile's part, -1 for a whole tile
   bool split;
@@ -47,7 +49,7 @@ __device__ __forceinline__ BwdBlockIndex bwd_block_index(const Params& p, int i,
   const int x = tile_first ? i / per_tile : i % key_blocks, rest = tile_first ? i % per_tile : i / key_blocks;
   const int split_blocks = p.split_tiles * p.split_chunks;
   BwdBlockIndex index{x - split_blocks + p.split_tiles, -1, rest % documents, rest / documents, x < split_blocks};
-  if (index.split) {  // a part of the group's heads takes the key tiles in turn, as a head does without GQA
+  if (index.split) {  // a part of the group's heads takes the key tiles in turn; a global tile's parts go together
     index.n_blk = p.split_heads > 0 ? x % p.split_tiles : x / p.split_chunks;
     index.chunk = p.split_heads > 0 ? x / p.split_tiles : x % p.split_chunks;
   }

@@ -1,6 +1,7 @@
 // FA2 backward: one thread block per (key tile, document, key head), accumulating dK and dV in registers while
-// it visits the query tiles of every query head of its group (GQA costs no extra dK/dV memory or reduction). The
-// key tiles of global tokens, which every query tile visits, are split over several blocks (`split_tiles`).
+// it visits the query tiles of every query head of its group. Split over several blocks whose parts of dK and dV
+// are added in float32 (dkv_split): the key tiles of global tokens, which every query tile visits (`split_tiles` x
+// `split_chunks` of each row), and under a causal GQA mask every key tile, a block per `split_heads` query heads.
 // Per visited query tile, recomputed from Q, K and the saved logsumexp:
 //   S = Q K^T, P = exp2(S - lse), dP = dO V^T, dS = P (dP - delta) * d(logit)/d(q.k)
 //   dV += P^T dO, dK += dS^T Q, dQ += dS K   (dQ: float32 atomics into dq_accum)
@@ -315,8 +316,8 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads) bwd_kernel(const __
   float* sLse0 = reinterpret_cast<float*>(scratch + Tr::kScratch);  // (2, BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                  // (2, BM)
 
-  // A 1-D grid (bwd_block_index): the split key tiles' parts (those of the global keys, which every query tile
-  // visits) first, then the key tiles, each over every document and key head.
+  // A 1-D grid (bwd_block_index): the split key tiles' parts first, then the whole key tiles, each over every
+  // document and key head.
   const int blocks = key_blocks<D>(p), documents = gridDim.x / (blocks * (p.heads / p.kv_group));
   const BwdBlockIndex index = bwd_block_index(p, blockIdx.x, blocks, documents);
   const int b = index.b, hk = index.hk, n_blk = index.n_blk, chunk = index.chunk;

@@ -67,7 +67,7 @@ def header(
 def parts(before: dict, head: dict) -> dict:
     """The header fields of a record merged from several runs: every run's command (`parts`) and, beside each, the
     commit and date it ran at (`part_provenance`), for the rows an earlier run measured. A record merged before
-    provenance was kept names only its last part's ("" for the parts before it)."""
+    provenance was kept names only its last part's ("" for the parts before it: unknown)."""
     earlier = before.get("parts", [before["command"]])
     known = before.get("part_provenance") or [*[""] * (len(earlier) - 1), _provenance(before)]
     return {"parts": [*earlier, head["command"]], "part_provenance": [*known, _provenance(head)]}

@@ -87,19 +87,22 @@ def test_schedules_are_cached_per_shape_and_rebuilt_for_new_documents():
     assert torch.equal(schedule_for(spec, cu, cu, 80, 80, (16, 16), False, torch.device("cpu")).counts, rebuilt.counts)
 
 
-def test_the_backward_splits_only_the_key_tiles_of_global_tokens(monkeypatch):
+def _shaped(*shape: int) -> torch.Tensor:
+    """A tensor of `shape` without its memory (one element, expanded): _split reads shapes only."""
+    return torch.empty(()).expand(shape)
+
+
+def test_the_backward_splits_the_key_tiles_of_global_tokens(monkeypatch):
     """cuda._split: the tiles holding the global keys (which every query tile visits) go to enough blocks that none
-    visits more than SPLIT_VISITS query tiles; nothing splits without global tokens, under `deterministic` (float32
-    sums in no fixed order), or where one block's visits already fit."""
+    visits more than SPLIT_VISITS query tiles; not under `deterministic` (float32 sums in no fixed order), or where
+    one block's visits already fit. Global tokens take precedence over the causal GQA split."""
     monkeypatch.setattr(cuda, "SPLIT_VISITS", 32)
     tile = (64, 128)  # (query rows, keys) of a backward tile
 
-    def split(global_tokens: int, max_q: int, max_k: int, deterministic: bool) -> tuple[int, int, int]:
-        none = torch.empty(0)
-        mask = MaskSpec(global_tokens=global_tokens)
-        return cuda._split(
-            AttentionBatch(none, none, none, None, None, max_q, max_k, mask, 1.0, 0.0, deterministic), tile
-        )
+    def split(global_tokens: int, max_q: int, max_k: int, deterministic: bool, causal: bool = False) -> tuple:
+        q, k = _shaped(1, max_q, 8, 64), _shaped(1, max_k, 2, 64)  # GQA 8/2
+        mask = MaskSpec(causal=causal, global_tokens=global_tokens)
+        return cuda._split(AttentionBatch(q, k, k, None, None, max_q, max_k, mask, 1.0, 0.0, deterministic), tile, 64)
 
     assert split(64, 65536, 65536, deterministic=False) == (1, 32, 0)  # 1024 query tiles, 32 per block
     assert split(129, 65536, 65536, deterministic=False) == (2, 32, 0)  # 129 global keys span two tiles
@@ -107,3 +110,33 @@ def test_the_backward_splits_only_the_key_tiles_of_global_tokens(monkeypatch):
     assert split(64, 65536, 65536, deterministic=True) == (0, 1, 0)
     assert split(0, 65536, 65536, deterministic=False) == (0, 1, 0)
     assert split(64, 2048, 2048, deterministic=False) == (0, 1, 0)  # 32 query tiles: one block
+    assert split(64, 65536, 65536, deterministic=False, causal=True) == (1, 32, 0)
+    assert split(64, 2048, 2048, deterministic=False, causal=True) == (0, 1, 0)  # no GQA split beside global keys
+
+
+def test_a_causal_gqa_backward_splits_each_groups_heads(monkeypatch):
+    """cuda._split without global tokens: a plainly causal GQA backward gives every key tile to group / GQA_PART
+    blocks; not dense, windowed, dilated or block-sparse masks, not MHA or a group GQA_PART does not divide, not
+    `deterministic`, and not past GQA_SPLIT_MAX_BYTES of float32 dK and dV parts."""
+    tile = (64, 128)
+
+    def split(heads: tuple[int, int] = (8, 2), seqlen: int = 1000, deterministic: bool = False, **mask) -> tuple:
+        q, k = _shaped(2, seqlen, heads[0], 64), _shaped(2, seqlen, heads[1], 64)
+        spec = MaskSpec(**{"causal": True, **mask})
+        return cuda._split(AttentionBatch(q, k, k, None, None, seqlen, seqlen, spec, 1.0, 0.0, deterministic), tile, 64)
+
+    assert split() == (8, 4, 1)  # 8 key tiles of 128 over 1000 keys, each over the group's 4 heads
+    assert split(causal=False) == (0, 1, 0)
+    assert split(window=(256, 0)) == (0, 1, 0)
+    assert split(dilation=2) == (0, 1, 0)
+    assert split(block_layout=torch.ones(8, 8, dtype=torch.bool)) == (0, 1, 0)
+    assert split(deterministic=True) == (0, 1, 0)
+    assert split(heads=(4, 4)) == (0, 1, 0)
+    monkeypatch.setattr(cuda, "GQA_PART", 2)
+    assert split() == (8, 2, 2)
+    assert split(heads=(6, 2)) == (0, 1, 0)  # 2 does not divide a group of 3
+    assert split(heads=(4, 2)) == (0, 1, 0)  # a group of 2 is one part already
+    monkeypatch.setattr(cuda, "GQA_PART", 1)
+    limit = cuda.GQA_SPLIT_MAX_BYTES // (2 * 2 * 64 * 4)  # key rows x heads at the limit: 2 rows x 2 key heads here
+    assert split(seqlen=limit // 2)[2] == 1
+    assert split(seqlen=limit // 2 + 1) == (0, 1, 0)

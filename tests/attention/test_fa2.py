@@ -351,11 +351,12 @@ def test_split_global_key_tiles(case: Case, monkeypatch):
     monkeypatch.setattr(cuda, "SPLIT_VISITS", 1)
     if MODE != "reference":  # the dry run builds no kernels, and has no split
         ext = kernels.extension()  # a head dim runs padded up to a built one, as the backend pads it
-        _, tile = ext.tiles(kernels.padded_head_dim(case.head_dim, ext.head_dims), BACKEND == "fa3")
+        padded = kernels.padded_head_dim(case.head_dim, ext.head_dims)
+        _, tile = ext.tiles(padded, BACKEND == "fa3")
         mask = MaskSpec(global_tokens=MASKS[case.mask]["global_tokens"])
         none = torch.empty(0)
         batch = AttentionBatch(none, none, none, None, None, *case.seqlens, mask, 1.0, deterministic=case.deterministic)
-        assert cuda._split(batch, tile)[1] > 1
+        assert cuda._split(batch, tile, padded)[1] > 1
     _check_case(case)
 
 

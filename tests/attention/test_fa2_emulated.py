@@ -215,7 +215,7 @@ def test_emulated_split_global_key_tiles(
     _, tile = kernels.emulated(head_dim).tiles(head_dim, backend == "fa3")  # (query rows, keys) of the backward's
     batch = AttentionBatch(q, k, v, None, None, 200, 200, MaskSpec(global_tokens=global_tokens), 1.0)
     # one block per query tile of the 200 rows
-    assert cuda._split(batch, tile) == (split_tiles, -(-200 // tile[0]), 0)
+    assert cuda._split(batch, tile, head_dim) == (split_tiles, -(-200 // tile[0]), 0)
 
 
 @pytest.mark.parametrize(
@@ -246,9 +246,9 @@ def test_emulated_split_gqa_groups(
         _check(q, k, v, kw, backend=backend)
     _, tile = kernels.emulated(head_dim).tiles(head_dim, backend == "fa3")
     batch = AttentionBatch(q, k, v, None, None, 200, 200, MaskSpec(causal=True), 1.0)
-    assert cuda._split(batch, tile) == (-(-200 // tile[1]), heads[0] // heads[1] // part, part)
-    assert cuda._split(replace(batch, mask=MaskSpec()), tile) == (0, 1, 0)  # dense: a block per group
-    assert cuda._split(replace(batch, deterministic=True), tile) == (0, 1, 0)
+    assert cuda._split(batch, tile, head_dim) == (-(-200 // tile[1]), heads[0] // heads[1] // part, part)
+    assert cuda._split(replace(batch, mask=MaskSpec()), tile, head_dim) == (0, 1, 0)  # dense: a block per group
+    assert cuda._split(replace(batch, deterministic=True), tile, head_dim) == (0, 1, 0)
 
 
 @pytest.mark.parametrize(

@@ -39,8 +39,12 @@ SPLIT_VISITS = 32
 # the first key tiles, which every later query tile visits, run group times a head's work and finish the pass alone.
 # Split, each key tile goes to group / GQA_PART blocks that add their dK and dV parts in float32. H100, fwd+bwd:
 # d128 16/2 causal 1.13-1.16x at 4k and 1.03-1.04x at 16k, packed documents d64 32/4 1.04-1.08x, d64 causal within
-# 2%; dense lost 1-4% to the extra adds, so dense keeps a block per group.
+# 2%; dense lost 1-4% to the extra adds, so dense keeps a block per group, and so do windows, dilation and block
+# layouts (not measured; their first key tiles are not seen by every later query tile).
 GQA_PART = 1
+# The float32 dK and dV parts take 4x the bytes of dK and dV; past this size (the 1b preset: 128k tokens a row) a
+# GQA backward does not split, as the gain falls with length while the buffer grows with it.
+GQA_SPLIT_MAX_BYTES = 256 * 2**20
 
 
 class CudaBackend(KernelBackend):
@@ -118,7 +122,7 @@ class CudaBackend(KernelBackend):
         dq_accum = torch.empty(qk.shape, device=q.device, dtype=torch.float32)  # zeroed by prepare
         ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta, dq_accum)
         dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (kk, vk))  # contiguous, as ops promise
-        split_tiles, split_chunks, split_heads = _split(batch, tile)
+        split_tiles, split_chunks, split_heads = _split(batch, tile, padded)
         rows = split_tiles * tile[1]  # (documents, rows, key heads, dK and dV), or laid out like dK
         shape = (*kk.shape[:-1], 2 * padded) if split_heads else (batch.documents, rows, kk.shape[-2], 2 * padded)
         dkv_split = torch.zeros(shape, device=q.device, dtype=torch.float32)
@@ -159,24 +163,26 @@ def _schedule(batch: AttentionBatch, tile: tuple[int, int], transposed: bool) ->
     )  # fmt: skip
 
 
-def _split(batch: AttentionBatch, tile: tuple[int, int]) -> tuple[int, int, int]:
-    """(key tiles, blocks each, query heads each) of the backward's split. With global keys: the tiles holding them,
-    each over enough blocks that none visits more than SPLIT_VISITS query tiles per query head (0 heads: every
-    block takes a share of each head's rows). Else causal under GQA: every key tile, over blocks of GQA_PART query
-    heads each. The parts of dK/dV are added in float32, in no fixed order, so `deterministic` never splits.
-    (0, 1, 0): no split."""
+def _split(batch: AttentionBatch, tile: tuple[int, int], padded: int) -> tuple[int, int, int]:
+    """(key tiles, blocks each, query heads each) of the backward's split, at head dim `padded`. With global keys
+    (whatever else the mask holds): the tiles holding them, each over enough blocks that none visits more than
+    SPLIT_VISITS query tiles per query head (0 heads: every block takes a share of each head's rows), if that is
+    more than one block. Else a plainly causal GQA backward: every key tile, over blocks of GQA_PART query heads
+    each, up to GQA_SPLIT_MAX_BYTES. The parts of dK/dV are added in float32, in no fixed order, so `deterministic`
+    never splits. (0, 1, 0): no split."""
     tq, tk = tile
-    global_tokens = batch.mask.global_tokens
+    mask = batch.mask
     if batch.deterministic:
         return 0, 1, 0
-    if global_tokens:
+    if mask.global_tokens:
         chunks = -(-batch.max_seqlen_q // (tq * SPLIT_VISITS))  # ceil(query tiles / SPLIT_VISITS)
-        tiles = min(-(-global_tokens // tk), -(-batch.max_seqlen_k // tk))
+        tiles = min(-(-mask.global_tokens // tk), -(-batch.max_seqlen_k // tk))
         return (tiles, chunks, 0) if chunks >= 2 else (0, 1, 0)
-    if not batch.mask.causal:
-        return 0, 1, 0
-    group = batch.q.shape[-2] // batch.k.shape[-2]
-    if group > GQA_PART and group % GQA_PART == 0:
+    plainly_causal = mask.causal and max(mask.window) < 0 and mask.dilation == 1 and mask.block_layout is None
+    heads, kv_heads = batch.q.shape[-2], batch.k.shape[-2]
+    group = heads // kv_heads
+    parts_bytes = batch.k.shape[:-1].numel() * 2 * padded * 4  # float32 dK and dV, laid out like K
+    if plainly_causal and group > GQA_PART and group % GQA_PART == 0 and parts_bytes <= GQA_SPLIT_MAX_BYTES:
         return -(-batch.max_seqlen_k // tk), group // GQA_PART, GQA_PART
     return 0, 1, 0
 
