@@ -127,13 +127,17 @@ def padded_head_dim(head_dim: int, built: tuple[int, ...] = build.HEAD_DIMS) -> 
     return next((d for d in built if d >= head_dim), None)
 
 
-# Marked inside the cache: Dynamo steps through functools' cache wrapper to the function it wraps, and must find the
-# mark there to take the result as a constant (the GPU and the build) instead of tracing torch.cuda's queries.
-@functools.cache
+# A constant under torch.compile (the GPU and the build), so that Dynamo neither traces torch.cuda's queries nor
+# meets the cache inside (it warns of any functools cache it steps through).
 @torch.compiler.assume_constant_result
 def unavailable_reason(device: torch.device, head_dim: int, dtype: torch.dtype, sm90: bool) -> str | None:
     """Why the kernels cannot serve inputs of this head dim and dtype on `device` on the sm90 (FA3) or sm80 (FA2)
     path; None when they can. Decided once per argument tuple: it reads the GPU's properties and loads the module."""
+    return _unavailable_reason(device, head_dim, dtype, sm90)
+
+
+@functools.cache
+def _unavailable_reason(device: torch.device, head_dim: int, dtype: torch.dtype, sm90: bool) -> str | None:
     if device.type != "cuda":
         return f"it needs a CUDA device and the inputs are on {device.type}"
     major, minor = torch.cuda.get_device_capability(device)

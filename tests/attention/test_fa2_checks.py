@@ -32,15 +32,15 @@ def capable_machine(monkeypatch):
     monkeypatch.setattr(kernels, "_extension", None)
     monkeypatch.setattr(kernels, "_load", built)
     monkeypatch.setattr(api, "_auto_reasons_logged", set())
-    kernels.unavailable_reason.cache_clear()
+    kernels._unavailable_reason.cache_clear()
     yield
-    kernels.unavailable_reason.cache_clear()
+    kernels._unavailable_reason.cache_clear()
 
 
 def machine(monkeypatch, capability: tuple[int, int], name: str) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: name)
-    kernels.unavailable_reason.cache_clear()
+    kernels._unavailable_reason.cache_clear()
 
 
 def test_an_old_gpu_is_named_with_its_compute_capability(capable_machine, monkeypatch):
@@ -102,7 +102,7 @@ def test_availability_is_decided_once_per_device_head_dim_and_dtype(capable_mach
 def test_auto_runs_fa3_on_hopper(capable_machine, monkeypatch):
     assert api._auto(cuda_batch()).name == "fa3"
     monkeypatch.setattr(kernels, "_extension", built(has_sm90=False))
-    kernels.unavailable_reason.cache_clear()
+    kernels._unavailable_reason.cache_clear()
     assert api._auto(cuda_batch()).name == "fa2"
     machine(monkeypatch, (8, 0), "NVIDIA A100")
     monkeypatch.setattr(kernels, "_extension", built())
@@ -137,3 +137,16 @@ def test_more_documents_than_a_launch_grid_holds_is_refused_before_launch(varlen
     args, name = ((cu, cu, 1, 1), "cu_seqlens_q") if varlen else ((None, None, 1, 1), "q")
     with pytest.raises(ValueError, match=rf"^{name}: the fa2 kernels take at most 65535 documents .* got 65536"):
         cuda.FA2.check(AttentionBatch(q, q, q, *args, MaskSpec(), 1.0))
+
+
+def test_availability_is_a_constant_under_compile(recwarn):
+    """torch.compile takes the decision as a constant in one graph, without stepping into its cache (Dynamo warns
+    of any functools cache it traces: "silent incorrectness" in a training log)."""
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x + (1 if kernels.unavailable_reason(x.device, x.shape[-1], x.dtype, True) else 0)
+
+    assert torch.equal(step(torch.zeros(2, 64)), torch.ones(2, 64))  # on a CPU: a reason, so + 1
+    assert not [w for w in recwarn if "lru_cache" in str(w.message)]
