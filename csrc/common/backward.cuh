@@ -31,14 +31,14 @@ __device__ __forceinline__ void score_grads(const Params& p, float& s, float& dp
 }
 
 // The backward block i of a 1-D grid over key blocks (split parts first) x documents x key heads: its key tile (or
-// split tile's part), document and key head. Where a block visits its key head's whole GQA group (no split of the
-// group's heads: dense and windowed masks, global tokens, deterministic mode), key tiles vary slowest, so blocks
-// start in decreasing order of work under causal masks and packed documents (a document's first key tiles are seen
-// by the most query tiles, the split global keys' by all): such items are few and long, and in a head-major order the
-// last heads' longest tiles started after the other heads' short ones and ended the pass late. Without GQA, and for
-// the parts of a split group (split_heads > 0, each a few heads), items are many and short, and a head's key tiles go
-// in turn instead, so that the blocks at work at once share its Q and dO in L2 (key tile first measured 0.71x on
-// packed documents at d128 16/16, 16k).
+// split tile's part), document and key head. Where a block visits its key head's whole GQA group (split_heads = 0:
+// wherever cuda._split does not split the group's heads), key tiles vary slowest, so blocks start in decreasing
+// order of work under causal masks and packed documents (a document's first key tiles are seen by the most query
+// tiles, the split global keys' by all): such items are few and long, and in a head-major order the last heads'
+// longest tiles started after the other heads' short ones and ended the pass late. Without GQA, and for the parts of
+// a split group (split_heads > 0, each a few heads), items are many and short, and a head's key tiles go in turn
+// instead, so that the blocks at work at once share its Q and dO in L2 (key tile first measured 0.71x on packed
+// documents at d128 16/16, 16k).
 struct BwdBlockIndex {
   int n_blk, chunk, b, hk;  // chunk: the split tile's part, -1 for a whole tile
   bool split;

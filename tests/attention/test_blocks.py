@@ -97,6 +97,7 @@ def test_the_backward_splits_the_key_tiles_of_global_tokens(monkeypatch):
     visits more than SPLIT_VISITS query tiles; not under `deterministic` (float32 sums in no fixed order), or where
     one block's visits already fit. Global tokens take precedence over the causal GQA split."""
     monkeypatch.setattr(cuda, "SPLIT_VISITS", 32)
+    monkeypatch.setattr(cuda, "GQA_PART", 1)
     tile = (64, 128)  # (query rows, keys) of a backward tile
 
     def split(global_tokens: int, max_q: int, max_k: int, deterministic: bool, causal: bool = False) -> tuple:
@@ -118,6 +119,7 @@ def test_a_causal_gqa_backward_splits_each_groups_heads(monkeypatch):
     """cuda._split without global tokens: a plainly causal GQA backward gives every key tile to group / GQA_PART
     blocks; not dense, windowed, dilated or block-sparse masks, not MHA or a group GQA_PART does not divide, not
     `deterministic`, and not past GQA_SPLIT_MAX_BYTES of float32 dK and dV parts."""
+    monkeypatch.setattr(cuda, "GQA_PART", 1)
     tile = (64, 128)
 
     def split(heads: tuple[int, int] = (8, 2), seqlen: int = 1000, deterministic: bool = False, **mask) -> tuple:
@@ -128,6 +130,7 @@ def test_a_causal_gqa_backward_splits_each_groups_heads(monkeypatch):
     assert split() == (8, 4, 1)  # 8 key tiles of 128 over 1000 keys, each over the group's 4 heads
     assert split(causal=False) == (0, 1, 0)
     assert split(window=(256, 0)) == (0, 1, 0)
+    assert split(window=(-1, 0)) == (8, 4, 1)  # flash-attn's causal window: plainly causal
     assert split(dilation=2) == (0, 1, 0)
     assert split(block_layout=torch.ones(8, 8, dtype=torch.bool)) == (0, 1, 0)
     assert split(deterministic=True) == (0, 1, 0)

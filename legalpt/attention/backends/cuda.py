@@ -42,8 +42,9 @@ SPLIT_VISITS = 32
 # 2%; dense lost 1-4% to the extra adds, so dense keeps a block per group, and so do windows, dilation and block
 # layouts (not measured; their first key tiles are not seen by every later query tile).
 GQA_PART = 1
-# The float32 dK and dV parts take 4x the bytes of dK and dV; past this size (the 1b preset: 128k tokens a row) a
-# GQA backward does not split, as the gain falls with length while the buffer grows with it.
+# The float32 dK and dV parts take twice the bytes of dK and dV; past this size (the 1b preset: 128k tokens a call,
+# all rows of a packed batch together) a GQA backward does not split: the buffer grows with the call's tokens, while
+# the gain measured fell with the row's length.
 GQA_SPLIT_MAX_BYTES = 256 * 2**20
 
 
@@ -178,7 +179,8 @@ def _split(batch: AttentionBatch, tile: tuple[int, int], padded: int) -> tuple[i
         chunks = -(-batch.max_seqlen_q // (tq * SPLIT_VISITS))  # ceil(query tiles / SPLIT_VISITS)
         tiles = min(-(-mask.global_tokens // tk), -(-batch.max_seqlen_k // tk))
         return (tiles, chunks, 0) if chunks >= 2 else (0, 1, 0)
-    plainly_causal = mask.causal and max(mask.window) < 0 and mask.dilation == 1 and mask.block_layout is None
+    # a right window changes nothing under causal; a left one hides the first key tiles from later query tiles
+    plainly_causal = mask.causal and mask.window[0] < 0 and mask.dilation == 1 and mask.block_layout is None
     heads, kv_heads = batch.q.shape[-2], batch.k.shape[-2]
     group = heads // kv_heads
     parts_bytes = batch.k.shape[:-1].numel() * 2 * padded * 4  # float32 dK and dV, laid out like K
