@@ -4,6 +4,8 @@ tests: the CUDA inputs are stand-ins that carry only what the checks read)."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -150,3 +152,18 @@ def test_availability_is_a_constant_under_compile(recwarn):
 
     assert torch.equal(step(torch.zeros(2, 64)), torch.ones(2, 64))  # on a CPU: a reason, so + 1
     assert not [w for w in recwarn if "lru_cache" in str(w.message)]
+
+
+@pytest.mark.cuda
+def test_the_extension_raises_for_a_head_dim_it_lacks():
+    """A C++ check that fails inside the built extension raises a RuntimeError naming its cause; it must not take
+    the process down (a child process, so that a crash fails this test alone). Once, asking the extension for an
+    unbuilt head dim's tiles ended a GPU test run with a segmentation fault."""
+    built = kernels.extension().head_dims
+    missing = next((d for d in build.HEAD_DIMS if d not in built), None)
+    if missing is None:
+        pytest.skip("every head dim is built")
+    code = f"import torch\nfrom legalpt.attention import kernels\nkernels.extension().tiles({missing}, True)"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 1, f"exit {child.returncode}: {child.stderr[-2000:]}"
+    assert f"head_dim {missing} is not built" in child.stderr
