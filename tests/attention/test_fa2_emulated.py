@@ -185,6 +185,20 @@ def test_emulated_kernels_match_naive(case: str, rng):
     _check(q, k, v, kw, backend="fa3" if case in FA3_CASES else "fa2")
 
 
+def _check_split(kw: dict, head_dim: int, heads: tuple, varlen: bool, backend: str) -> tuple[torch.Tensor, ...]:
+    """_check of a split backward's case: two rows of 200 tokens (bf16), or varlen documents of 200, 9 and 150 tokens
+    (fp16: one shorter than a key tile, the others at offsets inside one); returns its q, k, v."""
+    if varlen:
+        lens = [200, 9, 150]
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+        q, k, v = _qkv((sum(lens), heads[0], head_dim), (sum(lens), heads[1], head_dim), torch.float16)
+        _check(q, k, v, kw, (cu, cu, max(lens), max(lens)), backend)
+    else:
+        q, k, v = _qkv((2, 200, heads[0], head_dim), (2, 200, heads[1], head_dim), torch.bfloat16)
+        _check(q, k, v, kw, backend=backend)
+    return q, k, v
+
+
 @pytest.mark.parametrize(
     ("head_dim", "heads", "varlen", "global_tokens", "split_tiles", "backend"),
     [
@@ -204,14 +218,7 @@ def test_emulated_split_global_key_tiles(
     key tiles (140 global keys over 128-key tiles)."""
     monkeypatch.setattr(cuda, "SPLIT_VISITS", 1)
     kw = {"causal": True, "window_size": (40, 0), "global_tokens": global_tokens}
-    if varlen:
-        lens = [200, 9, 150]
-        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
-        q, k, v = _qkv((sum(lens), heads[0], head_dim), (sum(lens), heads[1], head_dim), torch.float16)
-        _check(q, k, v, kw, (cu, cu, max(lens), max(lens)), backend)
-    else:
-        q, k, v = _qkv((2, 200, heads[0], head_dim), (2, 200, heads[1], head_dim), torch.bfloat16)
-        _check(q, k, v, kw, backend=backend)
+    q, k, v = _check_split(kw, head_dim, heads, varlen, backend)
     _, tile = kernels.emulated(head_dim).tiles(head_dim, backend == "fa3")  # (query rows, keys) of the backward's
     batch = AttentionBatch(q, k, v, None, None, 200, 200, MaskSpec(global_tokens=global_tokens), 1.0)
     # one block per query tile of the 200 rows
@@ -235,15 +242,7 @@ def test_emulated_split_gqa_groups(
     every key tile's dK and dV added in float32 (split_dkv_kernel) in a buffer laid out like dK: batch and varlen
     (documents at their offsets, one shorter than a key tile), two-level and one-level layouts, both paths."""
     monkeypatch.setattr(cuda, "GQA_PART", part)
-    kw = {"causal": True}
-    if varlen:
-        lens = [200, 9, 150]
-        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
-        q, k, v = _qkv((sum(lens), heads[0], head_dim), (sum(lens), heads[1], head_dim), torch.float16)
-        _check(q, k, v, kw, (cu, cu, max(lens), max(lens)), backend)
-    else:
-        q, k, v = _qkv((2, 200, heads[0], head_dim), (2, 200, heads[1], head_dim), torch.bfloat16)
-        _check(q, k, v, kw, backend=backend)
+    q, k, v = _check_split({"causal": True}, head_dim, heads, varlen, backend)
     _, tile = kernels.emulated(head_dim).tiles(head_dim, backend == "fa3")
     batch = AttentionBatch(q, k, v, None, None, 200, 200, MaskSpec(causal=True), 1.0)
     assert cuda._split(batch, tile, head_dim) == (-(-200 // tile[1]), heads[0] // heads[1] // part, part)
