@@ -16,6 +16,7 @@ under GQA a causal backward splits each group's query heads over blocks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -37,10 +38,9 @@ SPLIT_VISITS = 32
 # Query heads of a GQA group per block of a causal backward. A block per group walks all the group's Q, dO and dQ
 # tiles for its key tile (at d128 16/2, eight heads' worth per block: past L2), and in a causal pass the blocks of
 # the first key tiles, which every later query tile visits, run group times a head's work and finish the pass alone.
-# Split, each key tile goes to group / GQA_PART blocks that add their dK and dV parts in float32. H100, fwd+bwd:
-# d128 16/2 causal 1.13-1.16x at 4k and 1.03-1.04x at 16k, packed documents d64 32/4 1.04-1.08x, d64 causal within
-# 2%; dense lost 1-4% to the extra adds, so dense keeps a block per group, and so do windows, dilation and block
-# layouts (not measured; their first key tiles are not seen by every later query tile).
+# Split, each key tile goes to group / GQA_PART blocks that add their dK and dV parts in float32. Dense masks lost to
+# the extra adds and keep a block per group, as do windows, dilation and block layouts (not measured; their first
+# key tiles are not seen by every later query tile). Figures: docs/kernels.md (`bwd_kernel`).
 GQA_PART = 1
 # The float32 dK and dV parts take twice the bytes of dK and dV; past this size (the 1b preset: 128k tokens a call,
 # all rows of a packed batch together) a GQA backward does not split: the buffer grows with the call's tokens, while
@@ -124,8 +124,10 @@ class CudaBackend(KernelBackend):
         ext.prepare(_last_contiguous(out), _last_contiguous(dout), lse, _contiguous(dlse), lse_log2, delta, dq_accum)
         dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (kk, vk))  # contiguous, as ops promise
         split_tiles, split_chunks, split_heads = _split(batch, tile, padded)
-        rows = split_tiles * tile[1]  # (documents, rows, key heads, dK and dV), or laid out like dK
-        shape = (*kk.shape[:-1], 2 * padded) if split_heads else (batch.documents, rows, kk.shape[-2], 2 * padded)
+        if split_heads:
+            shape = _heads_parts_shape(kk, padded)
+        else:  # (documents, the split tiles' rows, key heads, dK and dV)
+            shape = (batch.documents, split_tiles * tile[1], kk.shape[-2], 2 * padded)
         dkv_split = torch.zeros(shape, device=q.device, dtype=torch.float32)
         by_key_tile = _schedule(batch, tile, transposed=True)
         by_query_tile = by_key_tile  # deterministic: dQ gets its own pass over the FA2 forward's tiles
@@ -183,10 +185,15 @@ def _split(batch: AttentionBatch, tile: tuple[int, int], padded: int) -> tuple[i
     plainly_causal = mask.causal and mask.window[0] < 0 and mask.dilation == 1 and mask.block_layout is None
     heads, kv_heads = batch.q.shape[-2], batch.k.shape[-2]
     group = heads // kv_heads
-    parts_bytes = batch.k.shape[:-1].numel() * 2 * padded * 4  # float32 dK and dV, laid out like K
+    parts_bytes = math.prod(_heads_parts_shape(batch.k, padded)) * 4  # float32
     if plainly_causal and group > GQA_PART and group % GQA_PART == 0 and parts_bytes <= GQA_SPLIT_MAX_BYTES:
         return -(-batch.max_seqlen_k // tk), group // GQA_PART, GQA_PART
     return 0, 1, 0
+
+
+def _heads_parts_shape(k: Tensor, padded: int) -> tuple[int, ...]:
+    """The shape of the float32 dK and dV parts of a split by heads: laid out like K, dK then dV in each row."""
+    return (*k.shape[:-1], 2 * padded)
 
 
 def _unpad(x: Tensor, head_dim: int) -> Tensor:
