@@ -42,6 +42,7 @@ def _cuda_extension() -> tuple[list, dict]:
         "legalpt._C",
         sources,
         extra_compile_args={"cxx": ["-O3"], "nvcc": build.nvcc_flags()},
+        extra_link_args=build.runtime_link_flags(),
     )
     print(f"legalpt: building the CUDA kernels from {len(sources)} files (MAX_JOBS={os.environ.get('MAX_JOBS', '-')})")
     return [extension], {"build_ext": BuildExtension}

@@ -1,4 +1,4 @@
-"""What the CUDA build of csrc/ consists of: head dims, architectures, instantiation files, sources and nvcc flags.
+"""What the CUDA build of csrc/ consists of: head dims, architectures, instantiation files, sources and flags.
 
 One place for setup.py (the build at `pip install`) and kernels.py (the JIT developer build and the CPU emulation).
 Plain Python on purpose: setup.py loads this file by path, before torch or legalpt may be importable.
@@ -143,6 +143,22 @@ def nvcc_flags() -> list[str]:
     targets = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs()]
     defines = [f"-DLEGALPT_HDIM_{d}" for d in head_dims()] + (["-DLEGALPT_SM90"] if "90a" in archs() else [])
     return ["-O3", "--use_fast_math", "-lineinfo", *targets, *defines]
+
+
+def runtime_link_flags(maps: Path = Path("/proc/self/maps")) -> list[str]:
+    """The shared C++ runtime (libstdc++) this process loaded, by its path, for the linker; [] where there is none.
+
+    Call after importing torch: the extension must share torch's C++ runtime. A compiler that links libstdc++
+    statically (a GCC built that way, as CXX, on one of our GPU machines) gives the module a second runtime of its
+    own, and a c10::Error thrown in libc10 then dies in the module's copy (a segmentation fault) instead of reaching
+    Python as a RuntimeError. Naming the loaded library makes the link take it and record its soname."""
+    if not maps.is_file():  # not Linux: the platform's own toolchain conventions apply
+        return []
+    for line in maps.read_text().splitlines():
+        fields = line.split(maxsplit=5)  # address, permissions, offset, device, inode, path (absent: anonymous)
+        if len(fields) == 6 and Path(fields[5]).name.startswith("libstdc++.so"):
+            return [fields[5]]
+    return []
 
 
 if __name__ == "__main__":

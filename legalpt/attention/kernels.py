@@ -77,6 +77,7 @@ def jit_build() -> ModuleType:
             sources=[str(p) for p in build.sources()],
             extra_cuda_cflags=flags,
             extra_cflags=["-O3"],
+            extra_ldflags=build.runtime_link_flags(),
             build_directory=str(folder),
             verbose=False,
         )
@@ -100,6 +101,7 @@ def emulated(head_dim: int) -> ModuleType:
         name=name,
         sources=[str(build.source_root() / "emulated.cpp")],
         extra_cflags=flags,
+        extra_ldflags=build.runtime_link_flags(),
         build_directory=str(folder),
         verbose=False,
     )

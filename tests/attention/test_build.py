@@ -48,3 +48,18 @@ def test_committed_instantiations_are_the_generators(tmp_path):
     (tmp_path / "instantiations" / "stale.cu").write_text("")
     written = build.write_instantiations(tmp_path)
     assert sorted(p.name for p in (tmp_path / "instantiations").iterdir()) == sorted(p.name for p in written)
+
+
+def test_the_build_links_the_cxx_runtime_torch_loaded(tmp_path):
+    """The extension must share torch's libstdc++ (a compiler linking its own copy statically turns every C++ check
+    into a crash): the flag names the library this process mapped, and nothing where none is mapped."""
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f10 r--p 00000000 fe:00 12  /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        "7f10-7f20 rw-p 00000000 00:00 0 \n"
+        "7f20-7f30 r-xp 00002000 fe:00 34  /opt/my libs/libstdc++.so.6.0.33\n"
+    )
+    assert build.runtime_link_flags(maps) == ["/opt/my libs/libstdc++.so.6.0.33"]
+    maps.write_text("7f00-7f10 r--p 00000000 fe:00 12  /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert build.runtime_link_flags(maps) == []
+    assert build.runtime_link_flags(tmp_path / "absent") == []

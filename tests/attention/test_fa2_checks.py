@@ -157,8 +157,9 @@ def test_availability_is_a_constant_under_compile(recwarn):
 @pytest.mark.cuda
 def test_the_extension_raises_for_a_head_dim_it_lacks():
     """A C++ check that fails inside the built extension raises a RuntimeError naming its cause; it must not take
-    the process down (a child process, so that a crash fails this test alone). Once, asking the extension for an
-    unbuilt head dim's tiles ended a GPU test run with a segmentation fault."""
+    the process down (a child process, so that a crash fails this test alone). Built by a GCC that links libstdc++
+    statically, the module had a C++ runtime of its own and died here with a segmentation fault; the build now links
+    the runtime torch loaded (build.runtime_link_flags)."""
     built = kernels.extension().head_dims
     missing = next((d for d in build.HEAD_DIMS if d not in built), None)
     if missing is None:
