@@ -151,13 +151,16 @@ def runtime_link_flags(maps: Path = Path("/proc/self/maps")) -> list[str]:
     Call after importing torch: the extension must share torch's C++ runtime. A compiler that links libstdc++
     statically (a GCC built that way, as CXX, on one of our GPU machines) gives the module a second runtime of its
     own, and a c10::Error thrown in libc10 then dies in the module's copy (a segmentation fault) instead of reaching
-    Python as a RuntimeError. Naming the loaded library makes the link take it and record its soname."""
+    Python as a RuntimeError. Naming the loaded library makes the link take it and record its soname. Skipped where
+    the mapped file is gone (replaced on disk since it was loaded) or its path has whitespace (torch's ninja files
+    join link flags unquoted)."""
     if not maps.is_file():  # not Linux: the platform's own toolchain conventions apply
         return []
     for line in maps.read_text().splitlines():
         fields = line.split(maxsplit=5)  # address, permissions, offset, device, inode, path (absent: anonymous)
         if len(fields) == 6 and Path(fields[5]).name.startswith("libstdc++.so"):
-            return [fields[5]]
+            path = fields[5]
+            return [path] if Path(path).is_file() and not any(c.isspace() for c in path) else []
     return []
 
 

@@ -3,6 +3,8 @@ instantiation files; and that a build without CUDA leaves the CPU paths whole.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from legalpt.attention import build
@@ -52,14 +54,30 @@ def test_committed_instantiations_are_the_generators(tmp_path):
 
 def test_the_build_links_the_cxx_runtime_torch_loaded(tmp_path):
     """The extension must share torch's libstdc++ (a compiler linking its own copy statically turns every C++ check
-    into a crash): the flag names the library this process mapped, and nothing where none is mapped."""
+    into a crash): the flag names the library this process mapped, and nothing where none is mapped, where the mapped
+    file is gone, or where its path would split in a ninja file."""
+    import torch  # noqa: F401  (maps libstdc++ into this process, as setup.py's import does)
+
+    assert [Path(f).name.startswith("libstdc++.so") for f in build.runtime_link_flags()] == [True]
+    library = tmp_path / "lib" / "libstdc++.so.6.0.33"
+    library.parent.mkdir()
+    library.write_bytes(b"")
     maps = tmp_path / "maps"
-    maps.write_text(
-        "7f00-7f10 r--p 00000000 fe:00 12  /usr/lib/x86_64-linux-gnu/libc.so.6\n"
-        "7f10-7f20 rw-p 00000000 00:00 0 \n"
-        "7f20-7f30 r-xp 00002000 fe:00 34  /opt/my libs/libstdc++.so.6.0.33\n"
-    )
-    assert build.runtime_link_flags(maps) == ["/opt/my libs/libstdc++.so.6.0.33"]
+
+    def mapped(path: str) -> list[str]:
+        maps.write_text(
+            "7f00-7f10 r--p 00000000 fe:00 12  /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+            "7f10-7f20 rw-p 00000000 00:00 0 \n"
+            f"7f20-7f30 r-xp 00002000 fe:00 34  {path}\n"
+        )
+        return build.runtime_link_flags(maps)
+
+    assert mapped(str(library)) == [str(library)]
+    assert mapped(f"{library} (deleted)") == []
+    spaced = tmp_path / "my libs" / library.name
+    spaced.parent.mkdir()
+    spaced.write_bytes(b"")
+    assert mapped(str(spaced)) == []
     maps.write_text("7f00-7f10 r--p 00000000 fe:00 12  /usr/lib/x86_64-linux-gnu/libc.so.6\n")
     assert build.runtime_link_flags(maps) == []
     assert build.runtime_link_flags(tmp_path / "absent") == []
