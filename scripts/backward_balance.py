@@ -1,10 +1,10 @@
 """How evenly the backward's blocks finish, modelled: list scheduling of its work items over the GPU's processors.
 
-A backward item is one key tile (of 128 keys) of one document and key head; it visits every query tile (of 64 rows)
-that sees the tile, for each query head of the key head's GQA group. The model dispatches items in block order to
-the first free processor (one resident block each, as the fa3 backward's shared memory allows), an item costing
-its visits plus a fixed overhead, and prints the pass's time over its ideal (the total work spread evenly), for
-the order the kernels used before (a head's key tiles in turn) and the one they use (key tiles slowest:
+A backward item is one key tile (of 128 keys) of one document and key head; it visits every query tile (of 128 rows
+at d64, 64 at d128) that sees the tile, for each query head of the key head's GQA group. The model dispatches items
+in block order to the first free processor (one resident block each, as the fa3 backward's shared memory allows),
+an item costing its visits plus a fixed overhead, and prints the pass's time over its ideal (the total work spread
+evenly), for the order the kernels used before (a head's key tiles in turn) and the one they use (key tiles slowest:
 csrc/common/backward.cuh, bwd_block_index). It is why the order changed; it ignores L2 locality, which the A/B
 (scripts/ab_attention.py) measures.
 
@@ -18,17 +18,21 @@ import heapq
 
 from benchmarking.attention import shapes
 
-QUERY_ROWS, KEYS = 64, 128  # the fa3 backward's tiles
+QUERY_ROWS = {64: 128, 128: 64}  # the fa3 backward's query tile per head dim (csrc/sm90/bwd.cuh, BwdTraits)
+KEYS = 128
 
 
-def items(doc_lens: list[int], kv_heads: int, group: int, causal: bool) -> list[tuple[int, int, int, int]]:
-    """(key head, document, key tile, visits) of every backward item."""
+def items(
+    doc_lens: list[int], kv_heads: int, group: int, causal: bool, head_dim: int
+) -> list[tuple[int, int, int, int]]:
+    """(key head, document, key tile, visits) of every backward item; a visit is one query tile of one head."""
+    rows = QUERY_ROWS[head_dim]
     found = []
     for head in range(kv_heads):
         for doc, length in enumerate(doc_lens):
-            query_tiles = -(-length // QUERY_ROWS)
+            query_tiles = -(-length // rows)
             for tile in range(-(-length // KEYS)):
-                seen = query_tiles - (tile * KEYS) // QUERY_ROWS if causal else query_tiles
+                seen = query_tiles - (tile * KEYS) // rows if causal else query_tiles
                 found.append((head, doc, tile, group * seen))
     return found
 
@@ -61,7 +65,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     print(f"{'shape':<56} {'head-major':>10} {'tile first':>10}")
     for group, mask, head_dim, docs, heads, kv_heads in cases:
-        work = items(docs, kv_heads, heads // kv_heads, causal=True)
+        work = items(docs, kv_heads, heads // kv_heads, causal=True, head_dim=head_dim)
         before, after = balance(work, args.processors, args.overhead)
         rows_of = f"{len(docs)} x {docs[0]}" if len(set(docs)) == 1 else "docs " + "/".join(map(str, docs))
         name = f"{group} {mask} d{head_dim} {rows_of}, heads {heads}/{kv_heads}"

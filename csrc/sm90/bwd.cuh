@@ -1,17 +1,17 @@
 // FA3 backward (Hopper, sm90a): one block per (key tile of 128 keys, document, key head), its two consumer
 // warpgroups each owning 64 keys and their dK and dV accumulators, over the same visits as the FA2 backward
-// (csrc/sm80/bwd.cuh: every query head of the group, split key tiles, the deterministic dQ pass). Per query tile of
-// 64 rows, recomputed from Q, K and the saved logsumexp, on wgmma (wgmma.cuh):
+// (csrc/sm80/bwd.cuh: every query head of the group, split key tiles, the deterministic dQ pass). Per query tile
+// (BwdTraits::kBlockM rows), recomputed from Q, K and the saved logsumexp, on wgmma (wgmma.cuh):
 //   S^T = K Q^T and dP^T = V dO^T (A and B from swizzled shared memory)
 //   P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta) d(logit)/d(q.k), in registers (FA2's score_grads, or its
 //   halves plain_prob and plain_grad)
 //   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register A operands, dO and Q N-major from shared memory)
 //   dQ = dS K: dS^T goes through shared memory (M-major A)
-// dQ needs both consumers' dS^T (one barrier): at D = 128 each consumer computes half of D's columns over all 128
-// keys, at D = 64 they take turns at the whole tile (BwdTraits::kDqCols). The order keeps the tensor cores fed: P^T
-// once S^T is done (dP^T still running), dV's MMAs issued, dS^T beside them, then dQ's MMAs before dK's, so that
-// dQ's store to shared memory runs beside dK's MMAs (the general kernels, whose softcap needs the raw score beside
-// dP^T, wait for both first).
+// dQ needs both consumers' dS^T (one barrier); each consumer then computes a 64 x 64 block of it over all 128 keys:
+// at D = 128 half of D's columns, at D = 64 half of the 128 query rows (BwdTraits::kDqByRows). The order keeps the
+// tensor cores fed: P^T once S^T is done (dP^T still running), dV's MMAs issued, dS^T beside them (at D = 64 before
+// them: BwdTraits::kDsFirst), then dQ's MMAs before dK's, so that dQ's store to shared memory runs beside dK's MMAs
+// (the general kernels, whose softcap needs the raw score beside dP^T, wait for both first).
 //
 // Warp-specialized as the forward (fwd.cuh): a producer warpgroup copies, two consumer warpgroups compute. The
 // producer's first thread brings K and V once and each query tile's Q and dO by TMA (tma.cuh), its second warp the
@@ -35,9 +35,11 @@ namespace legalpt::fa3 {
 template <typename T, int D>
 struct BwdTraits {
   static constexpr int kHeadDim = D;
-  // Query rows per visited tile: the N of S^T's and dP^T's wgmma. 64: at D = 128 dK and dV take 64 x 128 each beside
-  // S^T and dP^T (64 x 64); at D = 64, 128 rows (S^T, dP^T 64 x 128) spill at the consumers' 240 registers.
-  static constexpr int kBlockM = 64;
+  // Query rows per visited tile: the N of S^T's and dP^T's wgmma. At D = 64 128, as FA3's: S^T and dP^T (64 x 128
+  // each per consumer) fit beside dK and dV (64 x 64) when dS^T is computed before dV's MMAs (kDsFirst), and each
+  // key tile's K and V are read by twice as many query rows per pass over shared memory. At D = 128, 64: dK and dV
+  // take 64 x 128 each there.
+  static constexpr int kBlockM = D == 64 ? 128 : 64;
   static constexpr int kBlockN = 128;  // keys per block: 64 per consumer, the M of every wgmma
   static constexpr int kThreads = 384;  // the producer warpgroup, then two consumers
   static constexpr int kConsumerThreads = 256;
@@ -55,25 +57,23 @@ struct BwdTraits {
   static constexpr int kQueryTileBytes = kBlockM * D * sizeof(T);  // Q or dO, one stage
   static constexpr int kDsBytes = kBlockN * kBlockM * sizeof(T);   // dS^T, one buffer
   static constexpr int kDqBytes = kBlockM * D * sizeof(float);     // dQ of a query tile, float32
-  // dQ's split between the consumers. At D = 128 each computes all BM rows of its half of D's columns, over all BN
-  // keys (wgmma n64). At D = 64 halves would be n32 wgmmas, which read 3 KB of shared memory (A and B) per 16 of
-  // the tensor cores' cycles where n64 reads 4 KB per 32: there the consumers take turns, one computing the whole
-  // tile's dQ.
-  static constexpr int kDqCols = D == 128 ? D / 2 : D;
-  static constexpr bool kDqTurns = kDqCols == D;
-  // A query tile's logsumexp and delta (16 of each per thread) read from shared memory into registers while S^T and
-  // dP^T are computed, not after the waits, where their latency was the first P^T's and dS^T's (ncu at d64). At
-  // D = 128, where dK and dV take 64 x 128 each, those 32 registers spill.
-  static constexpr bool kStatsEarly = D == 64;
-  // Buffers of K and V: at D = 64 two, so that on persistent windows the next item's K and V land while this item
-  // computes (with one, its copies start only once the item's last MMAs are done). At D = 128 they would not fit.
-  static constexpr int kKvStages = D == 64 ? 2 : 1;
-  // mbarriers: per K and V buffer, its copies' (full) and its release (empty); per query stage likewise
-  static constexpr int kBarriers = 2 * kKvStages + 4;
-  // K and V (kKvStages times); Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes
+  // dQ (BM x D) in two 64 x 64 blocks, one per consumer, each over all BN keys (wgmma m64n64): at D = 64 the
+  // consumers split the 128 query rows, at D = 128 D's columns. (At D = 64 with 64-row tiles they took turns at the
+  // whole tile, as column halves would be n32 wgmmas, which read 3 KB of shared memory per 16 of the tensor cores'
+  // cycles where n64 reads 4 KB per 32.)
+  static constexpr bool kDqByRows = D == 64;
+  static_assert(kBlockM * D == 2 * 64 * 64, "dQ's tile is the two consumers' 64 x 64 blocks");
+  // dS^T computed once dP^T is done, before dV's MMAs are issued, instead of beside them: at D = 64 the pending dV
+  // MMAs' P^T fragments beside S^T and dP^T (64 x 128 each) spilled (ptxas: 80 bytes, which serialized every
+  // wgmma); so ordered, 4 bytes.
+  static constexpr bool kDsFirst = D == 64;
+  // mbarriers: K and V's copies (full) and release (empty); per query stage likewise. One buffer of K and V: a
+  // second, for the next item's to land while this one computes, fits neither head dim's 227 KB.
+  static constexpr int kBarriers = 2 + 4;
+  // K and V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes
   // to align to the swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next
   // item's Q and dO may land in the query stages meanwhile.
-  static constexpr int kSmem = 2 * kKvStages * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
+  static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
                                4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
   // An item's dK and dV leave through the two dS^T buffers where both fit (D = 64), else dV through dQ's, which
@@ -152,25 +152,23 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, kConsumerThreads = Tr::kConsumerThreads;
   const Params& p = a.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int kKvStages = Tr::kKvStages, kKvBytes = 2 * Tr::kKeyTileBytes;
-  unsigned char* sKV = smem_raw + (-smem_addr(smem_raw) & 1023);  // kKvStages x (K, V), each (BN, D), swizzled
-  unsigned char* sQ0 = sKV + kKvStages * kKvBytes;                 // 2 x (BM, D)
+  unsigned char* sK = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BN, D), swizzled
+  unsigned char* sV = sK + Tr::kKeyTileBytes;                     // (BN, D)
+  unsigned char* sQ0 = sV + Tr::kKeyTileBytes;                    // 2 x (BM, D)
   unsigned char* sdO0 = sQ0 + 2 * Tr::kQueryTileBytes;             // 2 x (BM, D)
   unsigned char* sdS0 = sdO0 + 2 * Tr::kQueryTileBytes;            // 2 x (BN, BM): dS^T; an item's dK at its end
   unsigned char* sdQ = sdS0 + 2 * Tr::kDsBytes;                     // (BM, D) float32, swizzled; an item's dV
   float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);       // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
   uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
-  uint64_t *kv_full = bars, *kv_empty = bars + kKvStages;  // per K and V buffer
-  uint64_t *q_full = kv_empty + kKvStages, *q_empty = q_full + 2;  // per query stage
+  uint64_t *kv_full = bars, *kv_empty = bars + 1;           // K and V's
+  uint64_t *q_full = bars + 2, *q_empty = q_full + 2;  // per query stage
   const int items = a.key_blocks * a.documents * (p.heads / p.kv_group);
   const int lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kKvStages; ++s) {
-      mbar_init(kv_full + s);
-      mbar_init(kv_empty + s, kConsumerThreads / 32);  // one arrival per consumer warp
-    }
+    mbar_init(kv_full);
+    mbar_init(kv_empty, kConsumerThreads / 32);  // one arrival per consumer warp
     for (int s = 0; s < 2; ++s) {
       mbar_init(q_full + s, 1 + 32);                      // the TMA thread's and the second warp's 32 lanes'
       mbar_init(q_empty + s, kConsumerThreads / 32);
@@ -197,12 +195,10 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         continue;
       }
       if (warp == 0) {  // K and V once the last item's MMAs are done with them
-        const int kv = n % kKvStages;  // the buffer, free once item n - kKvStages's MMAs are done with it
-        if (n >= kKvStages) mbar_wait(kv_empty + kv, (n / kKvStages - 1) % 2);
-        unsigned char* sK = sKV + kv * kKvBytes;
-        mbar_expect(kv_full + kv, kKvBytes);
-        tma_load_tile<BN, D>(sK, a.k, hk, doc.k_start + n_blk * BN, batch, kv_full + kv);
-        tma_load_tile<BN, D>(sK + Tr::kKeyTileBytes, a.v, hk, doc.k_start + n_blk * BN, batch, kv_full + kv);
+        if (n > 0) mbar_wait(kv_empty, (n - 1) % 2);
+        mbar_expect(kv_full, 2 * Tr::kKeyTileBytes);
+        tma_load_tile<BN, D>(sK, a.k, hk, doc.k_start + n_blk * BN, batch, kv_full);
+        tma_load_tile<BN, D>(sV, a.v, hk, doc.k_start + n_blk * BN, batch, kv_full);
       }
       ++n;
       // One query tile of one head into its stage, once the consumers have freed it (two tiles ago). Q and dO: rows
@@ -243,15 +239,14 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   };
 
   // The consumer's 64 keys of K and V as A operands (K-major), the dQ operands (M-major dS^T, N-major K)
-  // (the first buffer's: an item adds its buffer's offset)
-  const uint64_t k_desc0 = descriptor(smem_addr(sKV) + 64 * wg * 128);
-  const uint64_t v_desc0 = descriptor(smem_addr(sKV + Tr::kKeyTileBytes) + 64 * wg * 128);
-  constexpr int kDqCols = Tr::kDqCols;
-  const int dq_col0 = Tr::kDqTurns ? 0 : kDqCols * wg;
-  const uint64_t ds_desc = descriptor(smem_addr(sdS0));  // dS^T's BM = 64 queries: one panel
-  // K's columns [dq_col0, dq_col0 + kDqCols): their panel, and 2 bytes a column into its lines (the swizzle is
-  // applied to the address, as for the K-major operands' 32-byte steps)
-  const uint64_t kt_desc0 = descriptor(smem_addr(sKV) + (dq_col0 / 64) * BN * 128 + (dq_col0 % 64) * 2);
+  const uint64_t k_desc = descriptor(smem_addr(sK) + 64 * wg * 128);
+  const uint64_t v_desc = descriptor(smem_addr(sV) + 64 * wg * 128);
+  // The consumer's 64 x 64 block of dQ (BwdTraits::kDqByRows): its first query row and column
+  const int dq_row0 = Tr::kDqByRows ? 64 * wg : 0, dq_col0 = Tr::kDqByRows ? 0 : 64 * wg;
+  // dS^T's queries [dq_row0, dq_row0 + 64): one panel of (BN, BM)
+  const uint64_t ds_desc = descriptor(smem_addr(sdS0) + (dq_row0 / 64) * BN * 128);
+  // K's columns [dq_col0, dq_col0 + 64): one panel
+  const uint64_t kt_desc = descriptor(smem_addr(sK) + (dq_col0 / 64) * BN * 128);
   // Whether an item's TMA store of dK and dV may still be reading sdS and sdQ. The consumers wait for it (its issuing
   // thread, then a barrier) only before they next write either, so that the next item's first MMAs run meanwhile.
   bool storing = false;
@@ -273,13 +268,9 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
     float dk[1][D / 8][4] = {}, dv[1][D / 8][4] = {};  // rows key0 + lane / 4 (+8), columns 8 n + 2 (lane % 4) (+1)
     BwdWork next = work;  // read an iteration ahead: its tile index comes from global memory
     advance(p, next, b, hk, n_blk, chunk);
-    const int kv = n % kKvStages;
-    unsigned char* sK = sKV + kv * kKvBytes;
-    const uint64_t k_desc = k_desc0 + kv * kKvBytes / 16, v_desc = v_desc0 + kv * kKvBytes / 16;
-    const uint64_t kt_desc = kt_desc0 + kv * kKvBytes / 16;
-    mbar_wait(kv_full + kv, n / kKvStages % 2);
+    mbar_wait(kv_full, n % 2);
     if (p.cu_seqlens_k != nullptr && (n_blk + 1) * BN > doc.lk) {
-      zero_past_document(std::integral_constant<int, BN>{}, sK, sK + Tr::kKeyTileBytes, doc.lk - n_blk * BN);
+      zero_past_document(std::integral_constant<int, BN>{}, sK, sV, doc.lk - n_blk * BN);
     }
     for (; work.g < p.kv_group; ++it) {
       const int stage = it % 2;
@@ -316,16 +307,6 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       // a uniform register at once, which waits for the load)
       BwdWork after = next;
       advance(p, after, b, hk, n_blk, chunk);
-      // The thread's queries' logsumexp and delta (BwdTraits::kStatsEarly)
-      float lse_q[BM / 8][2], delta_q[BM / 8][2];
-      if constexpr (Tr::kStatsEarly) {
-#pragma unroll
-        for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) lse_q[n][c] = lse[query(n, c)], delta_q[n][c] = delta[query(n, c)];
-      }
-      const auto lse_of = [&](int n, int c) { return Tr::kStatsEarly ? lse_q[n][c % 2] : lse[query(n, c)]; };
-      const auto delta_of = [&](int n, int c) { return Tr::kStatsEarly ? delta_q[n][c % 2] : delta[query(n, c)]; };
       uint32_t pa[BM / 16][4], dsa[BM / 16][4];  // P^T and dS^T as A fragments, 16 queries each
       if constexpr (kGeneral) {  // softcap's dS needs the raw score beside dP^T: both first
         wgmma_wait<0>();
@@ -335,7 +316,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse_of(n, c), delta_of(n, c));
+            score_grads<kGeneral>(p, st[n][c], dpt[n][c], lse[query(n, c)], delta[query(n, c)]);
           }
         if (partial) {
           mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
@@ -347,12 +328,21 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
 #pragma unroll
         for (int n = 0; n < BM / 8; ++n)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) st[n][c] = plain_prob(p, st[n][c], lse_of(n, c));
+          for (int c = 0; c < 4; ++c) st[n][c] = plain_prob(p, st[n][c], lse[query(n, c)]);
         if (partial) {
           mask_transposed<kGeneral, BM>(p, m_blk * BM, n_blk * BN + key0, doc, b, h,
                                              [&](int n, int c) { st[n][c] = 0.f; });
         }
       }
+      const auto ds_of_dp = [&] {  // dS^T in place of dP^T
+        wgmma_wait<Tr::kDsFirst ? 0 : 1>();
+        pin<BM / 8>(dpt);
+#pragma unroll
+        for (int n = 0; n < BM / 8; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) dpt[n][c] = plain_grad(p, st[n][c], dpt[n][c], delta[query(n, c)]);
+      };
+      if constexpr (!kGeneral && Tr::kDsFirst) ds_of_dp();
       to_fragments<T, BM>(st, pa);
       pin<D / 8>(dv[0]);
       wgmma_fence();
@@ -360,14 +350,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       for (int kk = 0; kk < BM / 16; ++kk)  // dV += P^T dO, 16 queries: 16 lines of every panel
         wgmma_rs<T, D>(dv[0], pa[kk], do_desc_n + (kk * 16 * 128) / 16);
       wgmma_commit();
-      if constexpr (!kGeneral) {  // dS^T while dV's MMAs run
-        wgmma_wait<1>();
-        pin<BM / 8>(dpt);
-#pragma unroll
-        for (int n = 0; n < BM / 8; ++n)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) dpt[n][c] = plain_grad(p, st[n][c], dpt[n][c], delta_of(n, c));
-      }
+      if constexpr (!kGeneral && !Tr::kDsFirst) ds_of_dp();  // while dV's MMAs run
       to_fragments<T, BM>(dpt, dsa);
 
       auto dk_grads = [&] {  // dK += dS^T Q
@@ -385,21 +368,18 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
         store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
         fence_proxy_async();
         named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
-        float dq[1][kDqCols / 8][4];  // rows: queries 16 (warp % 4) + lane / 4 (+8); columns dq_col0 + 8 n + ...
+        float dq[1][64 / 8][4];  // rows dq_row0 + 16 (warp % 4) + lane / 4 (+8), columns dq_col0 + 8 n + ...
         const uint64_t ds = ds_desc + stage * Tr::kDsBytes / 16;
-        const bool my_dq = !Tr::kDqTurns || it % 2 == wg;  // this consumer computes (its part of) the tile's dQ
-        if (my_dq) {
-          wgmma_fence();
+        wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
-            wgmma_ss<T, kDqCols, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
-          wgmma_commit();
-        }
+        for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys: 16 lines
+          wgmma_ss<T, 64, 1, 1>(dq[0], ds + (kk * 16 * 128) / 16, kt_desc + (kk * 16 * 128) / 16, kk > 0);
+        wgmma_commit();
         dk_grads();
-        wgmma_wait<1>();  // dV's and dQ's (if this consumer computed it)
-        pin<kDqCols / 8>(dq[0]);
+        wgmma_wait<1>();  // dV's and dQ's
+        pin<64 / 8>(dq[0]);
         named_sync(kDqFree, Tr::kDqThreads);  // the last tile's reduction has read sdQ
-        if (my_dq) store_swizzled_f32<BM, kDqCols>(sdQ, dq[0], 16 * (threadIdx.x / 32 % 4), dq_col0);
+        store_swizzled_f32<BM, 64>(sdQ, dq[0], dq_row0 + 16 * (threadIdx.x / 32 % 4), dq_col0);
         fence_proxy_async();
         named_arrive(kDqStored, Tr::kDqThreads);
       }
@@ -410,7 +390,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       work = next;
       next = after;
     }
-    if (lane == 0) mbar_arrive(kv_empty + kv);  // the warp's MMAs are done with K and V: a later item's may come
+    if (lane == 0) mbar_arrive(kv_empty);  // the warp's MMAs are done with K and V: a later item's may come
     ++n;
     // The item's dK and dV (2 x (BN, D)) go out through the dS^T buffers, and at D = 128 dV through dQ's, while the
     // next item's Q and dO land in the query stages and its first MMAs run. The last tile's kDqFree has ordered
