@@ -56,7 +56,9 @@ def balance(work: list[tuple[int, int, int, int]], processors: int, overhead: in
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processors", type=int, default=132, help="SMs (H100 and H200: 132)")
-    parser.add_argument("--overhead", type=int, default=4, help="an item's fixed cost, in query tile visits")
+    parser.add_argument(
+        "--overhead", type=int, default=4, help="an item's fixed cost, in visits of the head dim's query tiles"
+    )
     args = parser.parse_args(argv)
     cases = [("1b training (batch 1)", "causal", 64, [8192], 32, 4)]
     for s in shapes.selected(shapes.plan(shapes.GPU_SCALE, False), ["causal", "varlen-causal"], [64, 128]):

@@ -36,7 +36,8 @@ template <typename T, int D>
 struct BwdTraits {
   static constexpr int kHeadDim = D;
   // Query rows per visited tile: the N of S^T's and dP^T's wgmma. At D = 64 128, as FA3's: S^T and dP^T (64 x 128
-  // each per consumer) fit beside dK and dV (64 x 64) when dS^T is computed before dV's MMAs (kDsFirst), and each
+  // each per consumer) fit beside dK and dV (64 x 64) when dS^T is computed before dV's MMAs (kDsFirst; ptxas: a
+  // 4-byte spill), and each
   // key tile's K and V are read by twice as many query rows per pass over shared memory. At D = 128, 64: dK and dV
   // take 64 x 128 each there.
   static constexpr int kBlockM = D == 64 ? 128 : 64;
@@ -45,8 +46,8 @@ struct BwdTraits {
   static constexpr int kConsumerThreads = 256;
   // Registers per thread, moved by setmaxnreg as in the forward (FwdTraits), in steps of 8: 24 / 240 and 40 / 232
   // are neighbouring splits. The producer's walk over items spills at 24 (ptxas: 56 bytes at D = 64, 52 at
-  // D = 128). At D = 64 the consumers need no more than 232, so the producer gets 40 and neither side spills; at
-  // D = 128 the consumers spill below 240, and the producer's small spill in its bookkeeping is the cheaper one.
+  // D = 128). At D = 64 the consumers spill no more at 232 than at 240 (4 bytes), so the producer gets 40 and
+  // does not spill; at D = 128 the consumers spill below 240, and the producer's small spill in its bookkeeping is the cheaper one.
   static constexpr int kProducerRegisters = D == 64 ? 40 : 24;
   static constexpr int kConsumerRegisters = D == 64 ? 232 : 240;
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
@@ -120,7 +121,7 @@ __device__ __forceinline__ BwdItem bwd_item(const BwdArgs& a, int i) {
 }
 
 // The dQ warp of the backward's producer, for one item: per visited query tile, once the consumers have stored its
-// dQ (BM x D, float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (64-row by 32-column boxes) and frees
+// dQ (BM x D, float32) in sdQ, lane 0 adds it into dq_accum by TMA reductions (BM-row by 32-column boxes) and frees
 // sdQ once they have read it. Rows past a varlen document's end add zeros to the next document's (their P is masked
 // to 0). At D = 128 the warp meets the consumers at kDqFree once more at the item's end (a sync, so that it never
 // arrives a phase ahead): sdQ then carries the item's dV out (BwdTraits::kDkvThroughDs).

@@ -85,8 +85,8 @@ void run_bwd(const Problem& pb, const Launch& launch) {
                      tensor_map(pb.dq_accum, Tr::kBlockM),
                      fa2::key_blocks<D>(pb.p),
                      pb.documents};
-  // Persistent where the key tiles cost alike: the next item's K, V, Q and dO load while this one's last tile and
-  // its dK, dV store run
+  // Persistent where the key tiles cost alike: the next item's Q and dO load while this one's last tile and its dK,
+  // dV store run (its K and V once this item's MMAs are done: one buffer)
   const dim3 grid =
       item_grid(launch, int64_t{args.key_blocks} * pb.documents * pb.kv_heads, balanced_items(pb), "backward");
   if (grid.x > 0) launch(bwd_kernel<T, D, kGeneral>, grid, Tr::kThreads, Tr::kSmem, args);

@@ -31,9 +31,9 @@ from legalpt.attention.ops import KernelBackend
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's y and z sizes: the FA2 path puts documents on y, heads on z
 # Query tiles of each query head one backward block visits at most in a split key tile (a GQA group's block visits
-# that many per head of the group): at 64k tokens the global keys' tile would otherwise visit 1024 query tiles in
-# one block, as long as all other blocks of an SM together (global + window 1024 took 14.3 ms fwd+bwd against 8.7
-# for the window alone; 9.4 with the split).
+# that many per head of the group; the fa3 backward's tiles hold 64 query rows at d128, 128 at d64): at 64k tokens
+# the global keys' tile would otherwise visit 1024 query tiles (d128) in one block, as long as all other blocks of
+# an SM together (global + window 1024 took 14.3 ms fwd+bwd against 8.7 for the window alone; 9.4 with the split).
 SPLIT_VISITS = 32
 # Query heads of a GQA group per block of a causal backward. A block per group walks all the group's Q, dO and dQ
 # tiles for its key tile (at d128 16/2, eight heads' worth per block: past L2), and in a causal pass the blocks of
