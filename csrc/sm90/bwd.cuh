@@ -37,9 +37,8 @@ struct BwdTraits {
   static constexpr int kHeadDim = D;
   // Query rows per visited tile: the N of S^T's and dP^T's wgmma. At D = 64 128, as FA3's: S^T and dP^T (64 x 128
   // each per consumer) fit beside dK and dV (64 x 64) when dS^T is computed before dV's MMAs (kDsFirst; ptxas: a
-  // 4-byte spill), and each
-  // key tile's K and V are read by twice as many query rows per pass over shared memory. At D = 128, 64: dK and dV
-  // take 64 x 128 each there.
+  // 4-byte spill), and each key tile's K and V are read by twice as many query rows per pass over shared memory.
+  // At D = 128, 64: dK and dV take 64 x 128 each there.
   static constexpr int kBlockM = D == 64 ? 128 : 64;
   static constexpr int kBlockN = 128;  // keys per block: 64 per consumer, the M of every wgmma
   static constexpr int kThreads = 384;  // the producer warpgroup, then two consumers
@@ -47,7 +46,8 @@ struct BwdTraits {
   // Registers per thread, moved by setmaxnreg as in the forward (FwdTraits), in steps of 8: 24 / 240 and 40 / 232
   // are neighbouring splits. The producer's walk over items spills at 24 (ptxas: 56 bytes at D = 64, 52 at
   // D = 128). At D = 64 the consumers spill no more at 232 than at 240 (4 bytes), so the producer gets 40 and
-  // does not spill; at D = 128 the consumers spill below 240, and the producer's small spill in its bookkeeping is the cheaper one.
+  // does not spill; at D = 128 the consumers spill below 240, and the producer's small spill in its bookkeeping is
+  // the cheaper one.
   static constexpr int kProducerRegisters = D == 64 ? 40 : 24;
   static constexpr int kConsumerRegisters = D == 64 ? 232 : 240;
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
@@ -71,9 +71,9 @@ struct BwdTraits {
   // mbarriers: K and V's copies (full) and release (empty); per query stage likewise. One buffer of K and V: a
   // second, for the next item's to land while this one computes, fits neither head dim's 227 KB.
   static constexpr int kBarriers = 2 + 4;
-  // K and V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes
-  // to align to the swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next
-  // item's Q and dO may land in the query stages meanwhile.
+  // K and V; Q and dO twice; dS^T twice; dQ; logsumexp and delta twice; the mbarriers; 1024 bytes to align to the
+  // swizzle's period. An item's dK and dV leave through the dS^T buffers and dQ's, so that the next item's Q and dO
+  // may land in the query stages meanwhile.
   static constexpr int kSmem = 2 * kKeyTileBytes + 4 * kQueryTileBytes + 2 * kDsBytes + kDqBytes +
                                4 * kBlockM * sizeof(float) + kBarriers * sizeof(uint64_t) + 1024;
   static constexpr int kDqThreads = kConsumerThreads + 32;  // the named barriers between the consumers and dQ's warp
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
   float* sLse0 = reinterpret_cast<float*>(sdQ + Tr::kDqBytes);       // 2 x (BM) log2 domain
   float* sDelta0 = sLse0 + 2 * BM;                                   // 2 x (BM)
   uint64_t* bars = reinterpret_cast<uint64_t*>(sDelta0 + 2 * BM);
-  uint64_t *kv_full = bars, *kv_empty = bars + 1;           // K and V's
+  uint64_t *kv_full = bars, *kv_empty = bars + 1;      // K and V's
   uint64_t *q_full = bars + 2, *q_empty = q_full + 2;  // per query stage
   const int items = a.key_blocks * a.documents * (p.heads / p.kv_group);
   const int lane = threadIdx.x % 32;
