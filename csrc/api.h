@@ -128,9 +128,14 @@ void by_type(const at::Tensor& t, F&& f) {
 // Calls f(Tag<element type>, head dim, std::bool_constant<general>): the kernels are instantiated per element type
 // and head dim, and for general masks (softcap, dilation, block layout) and scales <= 0 apart from the rest
 // (csrc/sm80/fwd.cuh says why).
+inline bool general_mask(float softcap, int dilation, bool layout, float scale_log2) {
+  return softcap > 0.f || dilation > 1 || layout || !(scale_log2 > 0.f);
+}
+inline float log2_scale(double scale) { return static_cast<float>(scale * 1.4426950408889634); }
+
 template <typename F>
 void dispatch(const at::Tensor& q, const Params& p, F&& f) {
-  const bool general = p.softcap > 0.f || p.mask.dilation > 1 || p.mask.layout != nullptr || !(p.scale_log2 > 0.f);
+  const bool general = general_mask(p.softcap, p.mask.dilation, p.mask.layout != nullptr, p.scale_log2);
   by_head_dim(q.size(-1), [&](auto dim) {
     by_type(q, [&](auto tag) {
       if (general) {
@@ -175,6 +180,7 @@ inline Schedule schedule(const at::Tensor& counts, const at::Tensor& indices) {
   s.stride_b = counts.size(0) > 1 ? counts.size(1) * counts.size(2) : 0;
   s.stride_h = counts.size(1) > 1 ? counts.size(2) : 0;
   s.cols = static_cast<int>(indices.size(3));
+  s.rows = static_cast<int>(counts.size(2));
   return s;
 }
 
@@ -200,7 +206,7 @@ inline Problem problem(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   p.heads = static_cast<int>(q.size(-2));
   p.kv_group = static_cast<int>(q.size(-2) / k.size(-2));
   p.softcap = static_cast<float>(softcap);
-  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.scale_log2 = log2_scale(scale);
   p.softcap_inv_scale = softcap > 0 ? static_cast<float>(scale / softcap) : 0.f;
   p.ds_scale = static_cast<float>(scale);
   p.mask.causal = static_cast<int>(mask[0]);
@@ -372,8 +378,10 @@ void prepare(const at::Tensor& out, const at::Tensor& dout, const at::Tensor& ls
 }
 
 // ((query rows, keys) of a forward tile, (query rows, keys) of a backward tile) at head dim d, of the sm90 path where
-// it has kernels there (sm90), else the sm80 path's: the tiles the schedules must be built for.
-inline pybind11::tuple tiles(int64_t d, bool sm90) {
+// it has kernels there (sm90), else the sm80 path's: the tiles the schedules must be built for. The fa3 forward's
+// depend on the call's mask and scale (general_mask: softcap, dilation, a block layout, the softmax scale).
+inline pybind11::tuple tiles(int64_t d, bool sm90, double softcap, int64_t dilation, bool layout, double scale) {
+  const bool general = general_mask(static_cast<float>(softcap), static_cast<int>(dilation), layout, log2_scale(scale));
   pybind11::tuple result;
   by_head_dim(d, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
@@ -383,10 +391,10 @@ inline pybind11::tuple tiles(int64_t d, bool sm90) {
                                   pybind11::make_tuple(Bwd::kBlockM, Bwd::kBlockN));
 #ifdef LEGALPT_SM90
     if constexpr (kHasSm90<D>) {
-      using Fwd3 = fa3::FwdTraits<__half, D>;
       using Bwd3 = fa3::BwdTraits<__half, D>;
       if (sm90) {
-        result = pybind11::make_tuple(pybind11::make_tuple(Fwd3::kBlockM, Fwd3::kBlockN),
+        const int rows = general ? fa3::FwdTraits<__half, D, __half, true>::kBlockM : fa3::FwdTraits<__half, D>::kBlockM;
+        result = pybind11::make_tuple(pybind11::make_tuple(rows, fa3::FwdTraits<__half, D>::kBlockN),
                                       pybind11::make_tuple(Bwd3::kBlockM, Bwd3::kBlockN));
       }
     }
@@ -400,7 +408,9 @@ template <typename Context>
 void bind(pybind11::module& m) {
   m.attr("head_dims") = pybind11::tuple(pybind11::cast(head_dims()));
   m.attr("has_sm90") = kSm90;  // the FA3 path's kernels (sm_90a) are built
-  m.def("tiles", &tiles, "((fwd rows, keys), (bwd rows, keys)) of a head dim's tiles on the sm80 or sm90 path");
+  m.def("tiles", &tiles, "((fwd rows, keys), (bwd rows, keys)) of a head dim's tiles on the sm80 or sm90 path",
+        pybind11::arg("d"), pybind11::arg("sm90"), pybind11::arg("softcap") = 0.0, pybind11::arg("dilation") = 1,
+        pybind11::arg("layout") = false, pybind11::arg("scale") = 1.0);
   m.def("forward", &forward<Context>, "attention forward: writes out and lse");
 #if defined(LEGALPT_HDIM_128) && defined(LEGALPT_SM90)
   m.def("forward_fp8", &forward_fp8<Context>, "FP8 attention forward at head dim 128: writes out and lse");

@@ -20,6 +20,7 @@ struct Schedule {
   const int* indices;
   int64_t stride_b, stride_h;  // in row tiles; 0 when the schedule is shared along that dimension
   int cols;
+  int rows;  // row tiles (query tiles; key tiles when transposed) it was built for: a launch checks its own
 };
 
 struct Params {

@@ -23,10 +23,21 @@ inline unsigned grid_items(int64_t items, const std::string& kernel) {
   return static_cast<unsigned>(items);
 }
 
+// A forward's schedule must be built for its kernel's query tiles (`tiles` in csrc/api.h): one of other tiles would
+// have the kernel visit the wrong keys. Its count of tiles is what the launch can check.
+inline void check_schedule(const Schedule& s, int m_tiles, int rows, const std::string& kernel) {
+  if (s.rows != m_tiles) {
+    throw std::invalid_argument(kernel + ": counts holds a schedule of " + std::to_string(s.rows) +
+                                " query tiles; this kernel runs " + std::to_string(m_tiles) + " tiles of " +
+                                std::to_string(rows) + " rows: build the schedule for the tiles that tiles() names");
+  }
+}
+
 template <typename T, int D, bool kGeneral, typename Launch>
 void run_fwd(const Problem& pb, const Launch& launch) {
   using Tr = FwdTraits<T, D>;
   const dim3 grid((pb.p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, pb.documents, pb.p.heads);
+  check_schedule(pb.p.schedule, grid.x, Tr::kBlockM, "fa2 forward");
   launch(fwd_kernel<T, D, kGeneral>, grid, Tr::kThreads, Tr::kSmem, pb.p);
 }
 

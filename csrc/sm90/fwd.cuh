@@ -1,14 +1,15 @@
-// FA3 forward (Hopper, sm90a): blocks of three warpgroups, each taking items (query tile of 128 rows, document, head)
-// in turn, every gridDim.x-th: persistent, one block per processor as in FA3, where the items cost alike (the host
-// decides, csrc/sm90/launch.h), else one block per item. A producer issues every copy (TMA, tma.cuh); two consumers
-// compute 64 query rows each. The producer gives its registers to the consumers (warps.cuh). S = Q K^T and O += P V
-// run on wgmma (wgmma.cuh): Q, K and V in swizzled shared memory, P straight from the registers S was computed in. Per visited key tile t, each consumer
+// FA3 forward (Hopper, sm90a): blocks of a producer and two or three consumer warpgroups (FwdTraits), each block
+// taking items (query tile of 64 rows per consumer, document, head) in turn, every gridDim.x-th: persistent, one
+// block per processor as in FA3, where the items cost alike (the host decides, csrc/sm90/launch.h), else one block
+// per item. The producer issues every copy (TMA, tma.cuh); each consumer computes 64 query rows. The producer gives
+// its registers to the consumers (warps.cuh). S = Q K^T and O += P V run on wgmma (wgmma.cuh): Q, K and V in
+// swizzled shared memory, P straight from the registers S was computed in. Per visited key tile t, each consumer
 // issues S(t) and then O += P(t-1) V(t-1), both asynchronous, waits for S(t) alone and computes its softmax while
-// the tensor cores still run P V: FA3's overlap inside a warpgroup. Between the two consumers, ping-pong: each issues
-// its MMAs only in its turn, which the other hands over after issuing its own, so that one's softmax runs beside the
-// other's MMAs. The element rule, the schedule of visited tiles and the output are the FA2 forward's
-// (csrc/sm80/fwd.cuh), and so is the online softmax, reordered around the wait for P V (its max and P first; O's
-// rescale and P's fragments after, once P V(t - 1) is done, just before the next MMAs).
+// the tensor cores still run P V: FA3's overlap inside a warpgroup. Between the consumers, ping-pong around a ring:
+// each issues its MMAs only in its turn, which the one before it hands over after issuing its own, so that one's
+// softmax runs beside the others' MMAs. The element rule, the schedule of visited tiles and the output are the FA2
+// forward's (csrc/sm80/fwd.cuh), and so is the online softmax, reordered around the wait for P V (its max and P
+// first; O's rescale and P's fragments after, once P V(t - 1) is done, just before the next MMAs).
 //
 // K and V have two buffers each, each buffer a pair of mbarriers: full (the copy landed) and empty (every consumer
 // warp is done with it), so the producer runs ahead of the consumers by up to two tiles and the consumers never wait
@@ -24,25 +25,30 @@
 namespace legalpt::fa3 {
 
 
-// T: the inputs' element type (bf16, fp16, or e4m3 for the FP8 forward), TO: the output's.
-template <typename T, int D, typename TO = T>
+// T: the inputs' element type (bf16, fp16, or e4m3 for the FP8 forward), TO: the output's; kGeneral: the kernel of
+// general masks (fwd_kernel).
+template <typename T, int D, typename TO = T, bool kGeneral = false>
 struct FwdTraits {
-  static constexpr int kConsumers = 2;                        // consumer warpgroups
+  // Consumer warpgroups: three in the plain kernel at D = 64 (192 query rows a block, as FA3's), where a consumer's
+  // S, O and P fit 160 registers and each K and V tile serves more rows; two at D = 128, whose O takes 32 registers
+  // more, and in the general kernel, whose element rule spills 742 bytes in 160.
+  static constexpr int kConsumers = D == 64 && !kGeneral ? 3 : 2;
   static constexpr int kConsumerRows = 64;                    // query rows per consumer: a wgmma's M
   static constexpr int kBlockM = kConsumerRows * kConsumers;  // query rows per block
-  // Keys per tile: S (64 x 128) and O (64 x D) accumulators and P's fragments fit a consumer's 240 registers at
-  // D = 128.
+  // Keys per tile: S (64 x 128) and O (64 x D) accumulators and P's fragments fit a consumer's registers.
   static constexpr int kBlockN = 128;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
   static constexpr int kConsumerThreads = 128 * kConsumers;
-  // Registers per thread: 24 for the producer, 240 for the consumers. setmaxnreg moves registers within the block,
-  // from the launch's share (65 536 / threads in steps of 8: 168): the consumers' increase waits until the
-  // producer's decrease has freed them, so a split past the share hangs (128 x 24 + 256 x 240 = 384 x 168)
-  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+  // Registers per thread: 24 for the producer, 240 (two consumers) or 160 (three) for the consumers. setmaxnreg
+  // moves registers within the block, from the launch's share (65 536 / threads in steps of 8: 168 or 128): the
+  // consumers' increase waits until the producer's decrease has freed them, so a split past the share hangs
+  // (128 x 24 + 256 x 240 = 384 x 168; 128 x 24 + 384 x 160 <= 512 x 128)
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = kConsumers == 3 ? 160 : 240;
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
   static_assert((kLaunchRegisters - kProducerRegisters) * 128 >=
                     (kConsumerRegisters - kLaunchRegisters) * kConsumerThreads,
                 "the consumers' registers must come from the producer's");
+  static_assert(kOStored0 + kConsumers <= 16, "a named barrier id per consumer's O store");
   static constexpr int kTileBytes = kBlockN * D * sizeof(T);  // one K or V tile (the FP8 forward's V^T: D x BN)
   // mbarriers: Q's, K's and V's full and empty, per buffer
   static constexpr int kBarriers = 10;
@@ -128,14 +134,16 @@ __device__ __forceinline__ void rescale(float (&o)[D / 8][4], const float (&corr
 // S = Q K^T and O += P V on e4m3 wgmmas (k32), P in e4m3 with V^T's keys permuted to its fragments
 // (to_fragments_e4m3).
 template <typename T, int D, bool kGeneral, typename TO = T>
-__global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdArgs a) {
+__global__ void __launch_bounds__(FwdTraits<T, D, TO, kGeneral>::kThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdArgs a) {
   static_assert(D == 64 || D == 128, "the fa3 forward is instantiated for head dims 64 and 128");
   constexpr bool kFp8 = std::is_same_v<T, e4m3>;
   static_assert(!kFp8 || (D == 128 && !kGeneral), "the FP8 forward: D = 128 (one 128-byte line a row), plain masks");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // sm_90a and the CPU emulation
-  using Tr = FwdTraits<T, D, TO>;
+  using Tr = FwdTraits<T, D, TO, kGeneral>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, kConsumerThreads = Tr::kConsumerThreads;
-  static_assert(BM == BN, "the forward is written for square tiles");
+  constexpr int kConsumers = Tr::kConsumers, kLast = kConsumers - 1;
+  static_assert(!kFp8 || BM == 128, "the FP8 scales of Q are per 128 query rows: one per block");
   const Params& p = a.p;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* sQ = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BM, D), swizzled
@@ -194,21 +202,22 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
   }
 
   registers_up<Tr::kConsumerRegisters>();
-  const int wg = threadIdx.x / 128 - 1, lane = threadIdx.x % 32;  // the consumer, 0 or 1
+  const int wg = threadIdx.x / 128 - 1, lane = threadIdx.x % 32;  // the consumer, 0 to kLast
   // The warpgroup's 64 rows of Q (each panel holds BM rows), and the first K and V buffers
   const uint64_t q_desc = descriptor(smem_addr(sQ) + 64 * wg * 128);
   const uint64_t k_desc = descriptor(smem_addr(sK));
   const uint64_t v_desc = kFp8 ? descriptor(smem_addr(sV)) : descriptor(smem_addr(sV), BN * 128);  // V^T K-major
-  // Ping-pong: a consumer issues its MMAs between its turn's start and the other's
-  const auto my_turn = [&] { named_sync(kTurn0 + wg, kConsumerThreads); };
-  const auto your_turn = [&] { named_arrive(kTurn0 + (1 - wg), kConsumerThreads); };
+  // Ping-pong, around a ring of the consumers: a consumer issues its MMAs between its turn's start and the next's.
+  // A turn's barrier counts the consumer that waits and the one before it that hands it over.
+  const auto my_turn = [&] { named_sync(kTurn0 + wg, 256); };
+  const auto your_turn = [&] { named_arrive(kTurn0 + (wg == kLast ? 0 : wg + 1), 256); };
   // Whether item i of the block visits key tiles
   const auto works = [&](int i) {
     const FwdItem it = fwd_item(a, i);
     return it.m_blk * BM < document(p, it.b).lq && visits(p.schedule, it.b, it.h, it.m_blk).count > 0;
   };
-  // Consumer 1 hands consumer 0 its first turn of an item at the end of its last one, where the block has a next
-  // item, so that consumer 0's first MMAs run beside consumer 1's epilogue
+  // The last consumer hands consumer 0 its first turn of an item at the end of its last one, where the block has a
+  // next item, so that consumer 0's first MMAs run beside the last consumer's epilogue
   bool handed = false;
   unsigned nq = 0, g = 0;
   for (int i = blockIdx.x; i < items; i += gridDim.x) {
@@ -299,7 +308,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       if (vis.count > 1) next_scale = tile_scale(next_tile);
     }
     if (vis.count > 0) {
-      if (wg == 1 && !handed) your_turn();  // consumer 0 goes first
+      if (wg == kLast && !handed) your_turn();  // consumer 0 goes first
       mbar_wait(q_full, nq % 2);
       landed(true, 0, tile);
       my_turn();
@@ -343,12 +352,12 @@ __global__ void __launch_bounds__(FwdTraits<T, D>::kThreads, 1) fwd_kernel(const
       my_turn();
       wgmma_fence();
       issue_pv(vis.count - 1);
-      // Consumer 1's turn after the block's last item is not awaited: its arrival would be left over
-      if (wg == 1) {
+      // The last consumer's hand-over after the block's last item is not awaited: its arrival would be left over
+      if (wg == kLast) {
         handed = false;
         for (int j = i + gridDim.x; j < items && !handed; j += gridDim.x) handed = works(j);
       }
-      if (wg == 0 || handed) your_turn();
+      if (wg != kLast || handed) your_turn();
       wgmma_wait<0>();
       pin<D / 8>(o);
       release(false, vis.count - 1);

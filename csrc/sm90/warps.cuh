@@ -12,10 +12,10 @@ namespace legalpt::fa3 {
 enum NamedBarrier {
   kConsumersSync = 1,  // every consumer thread: zeroed rows, stored epilogue tiles
   kDsStored = 2,       // the backward: both consumers' dS^T are in shared memory
-  kTurn0 = 3,          // the forward's ping-pong: consumer w's turn is kTurn0 + w
-  kDqFree = 5,         // the backward: the dQ warp's reduction has read the dQ tile (consumers and the dQ warp)
-  kDqStored = 6,       // the backward: both consumers' dQ parts are in shared memory (the same threads)
-  kOStored0 = 7,       // the forward's epilogue: consumer w's O rows are in its half of sO (kOStored0 + w)
+  kTurn0 = 3,          // the forward's ping-pong: consumer w's turn is kTurn0 + w (w < 3)
+  kDqFree = 6,         // the backward: the dQ warp's reduction has read the dQ tile (consumers and the dQ warp)
+  kDqStored = 7,       // the backward: both consumers' dQ parts are in shared memory (the same threads)
+  kOStored0 = 8,       // the forward's epilogue: consumer w's O rows are in its part of sO (kOStored0 + w)
 };
 
 #ifndef LEGALPT_EMULATE

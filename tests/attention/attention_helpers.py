@@ -175,8 +175,8 @@ class EmulatedKernels:
 
         return kernels.emulated(head_dim)
 
-    def tiles(self, head_dim: int, sm90: bool):
-        return self._build(head_dim).tiles(head_dim, sm90)
+    def tiles(self, head_dim: int, sm90: bool, *mask):
+        return self._build(head_dim).tiles(head_dim, sm90, *mask)
 
     def forward(self, q: Tensor, *args) -> None:
         self._build(q.shape[-1]).forward(q, *args)

@@ -282,11 +282,32 @@ def test_emulated_fa3_size_one_dimensions_with_any_stride(rng):
     _check(q, k, v, {"causal": True}, backend="fa3")
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_emulated_forward_tiles_follow_the_mask(head_dim: int):
+    """The fa3 forward at d64 runs 192-row query tiles (three consumers) in its plain kernel and 128-row ones in the
+    kernel of general masks (softcap, dilation, block layout, scale <= 0); at d128 both run 128; fa2's tiles are its
+    own. The schedule is built for the call's (backends/cuda.py)."""
+    ext = kernels.emulated(head_dim)
+    assert ext.tiles(head_dim, True)[0] == (192 if head_dim == 64 else 128, 128)
+    for general in ({"softcap": 30.0}, {"dilation": 2}, {"layout": True}, {"scale": 0.0}, {"scale": -0.125}):
+        assert ext.tiles(head_dim, True, **general)[0] == (128, 128), general
+    assert ext.tiles(head_dim, False)[0] == ext.tiles(head_dim, False, softcap=30.0)[0] == (128, 64)
+
+
+def test_emulated_forward_refuses_a_schedule_of_other_tiles(monkeypatch):
+    """A schedule built for other query tiles than the kernel's is refused before the launch, naming counts."""
+    tiles = cuda._tiles
+    monkeypatch.setattr(cuda, "_tiles", lambda *args: ((128, 128), tiles(*args)[1]))  # 3 tiles where fa3 runs 2
+    q, k, v = _qkv((1, 384, 2, 64), (1, 384, 2, 64), torch.bfloat16)
+    with pytest.raises(ValueError, match="counts holds a schedule of 3 query tiles; this kernel runs 2 tiles of 192"):
+        flash_attn_func(q, k, v, causal=True, backend="fa3")
+
+
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 def test_emulated_varlen_with_an_empty_document(backend: str, rng):
-    """Documents of 0 and 1 rows, and a last one whose whole 128-row tiles start off the tiles' grid (fa3 stores
-    those by TMA, the partial ones row by row)."""
-    lens_q, lens_k = [70, 1, 0, 130], [90, 1, 40, 130]
+    """Documents of 0 and 1 rows, and a last one whose whole query tiles (192 rows in fa3's d64 forward) start off
+    the tiles' grid (fa3 stores those by TMA, the partial ones row by row)."""
+    lens_q, lens_k = [70, 1, 0, 260], [90, 1, 40, 260]
     cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (lens_q, lens_k))
     q, k, v = _qkv((sum(lens_q), 4, 64), (sum(lens_k), 2, 64), torch.bfloat16)
     _check(q, k, v, {"causal": True, "window_size": (48, 0)}, (cu_q, cu_k, max(lens_q), max(lens_k)), backend)

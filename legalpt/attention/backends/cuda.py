@@ -71,7 +71,7 @@ class CudaBackend(KernelBackend):
         q, mask = batch.q, batch.mask
         ext, head_dim = kernels.extension(), q.shape[-1]
         padded = kernels.padded_head_dim(head_dim, ext.head_dims)
-        tile, _ = ext.tiles(padded, self.sm90)
+        tile, _ = _tiles(ext, padded, batch, self.sm90)
         qk, kk, vk = (_kernel_layout(x, padded) for x in (batch.q, batch.k, batch.v))
         schedule = _schedule(batch, tile, transposed=False)
         out, lse = self._launch(ext, qk, kk, vk, batch, schedule, _layout(batch), mask.ints())
@@ -84,7 +84,7 @@ class CudaBackend(KernelBackend):
         padded = kernels.padded_head_dim(head_dim, ext.head_dims)
         if padded != head_dim or any(_kernel_layout(x, padded) is not x for x in (batch.q, batch.k, batch.v)):
             return self.forward
-        schedule = _schedule(batch, ext.tiles(padded, self.sm90)[0], transposed=False)
+        schedule = _schedule(batch, _tiles(ext, padded, batch, self.sm90)[0], transposed=False)
         layout, mask = _layout(batch), batch.mask.ints()
 
         def forward(call: AttentionBatch) -> tuple[Tensor, Tensor]:
@@ -116,7 +116,7 @@ class CudaBackend(KernelBackend):
         q = batch.q
         ext, head_dim = kernels.extension(), q.shape[-1]
         padded = kernels.padded_head_dim(head_dim, ext.head_dims)
-        _, tile = ext.tiles(padded, self.sm90)  # the backward's
+        _, tile = _tiles(ext, padded, batch, self.sm90)  # the backward's
         qk, kk, vk, dok = (_kernel_layout(x, padded) for x in (batch.q, batch.k, batch.v, dout))
         lse = lse.contiguous()
         delta, lse_log2 = torch.empty_like(lse), torch.empty_like(lse)  # laid out like lse
@@ -132,7 +132,7 @@ class CudaBackend(KernelBackend):
         by_key_tile = _schedule(batch, tile, transposed=True)
         by_query_tile = by_key_tile  # deterministic: dQ gets its own pass over the FA2 forward's tiles
         if batch.deterministic:
-            by_query_tile = _schedule(batch, ext.tiles(padded, False)[0], transposed=False)
+            by_query_tile = _schedule(batch, _tiles(ext, padded, batch, False)[0], transposed=False)
         ext.backward(
             dok, qk, kk, vk, lse_log2, delta, dq_accum, dk, dv, batch.cu_seqlens_q, batch.cu_seqlens_k,
             batch.max_seqlen_q, batch.max_seqlen_k, by_key_tile.counts, by_key_tile.indices, _layout(batch),
@@ -157,6 +157,15 @@ def check_inputs(batch: AttentionBatch, backend: str) -> None:
         )
     if q.shape[-2] > MAX_GRID_YZ:
         raise ValueError(f"q: the {backend} kernels take at most {MAX_GRID_YZ} heads, got {q.shape[-2]}")
+
+
+def _tiles(ext, padded: int, batch: AttentionBatch, sm90: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((query rows, keys) of the forward's tiles, those of the backward's) of the kernels that run `batch`: the fa3
+    forward's tile depends on whether the batch takes the kernel of general masks (csrc/api.h, `tiles`)."""
+    mask = batch.mask
+    return ext.tiles(
+        padded, sm90, batch.softcap, mask.dilation, mask.block_layout is not None, batch.softmax_scale
+    )  # fmt: skip
 
 
 def _schedule(batch: AttentionBatch, tile: tuple[int, int], transposed: bool) -> BlockSchedule:
