@@ -232,13 +232,15 @@ inline Problem problem(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 }
 
 // The forward: writes out and lse. sm90: the FA3 path where this build has it at q's head dim, else the FA2 path.
+// counts and indices: the schedule of query tiles of tile_rows rows, which must be the kernel's (`tiles`).
 template <typename Context>
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
              const OptTensor& cu_q, const OptTensor& cu_k, int64_t max_q, int64_t max_k, const at::Tensor& counts,
-             const at::Tensor& indices, const OptTensor& layout, const std::vector<int64_t>& mask, double scale,
-             double softcap, bool sm90) {
+             const at::Tensor& indices, int64_t tile_rows, const OptTensor& layout, const std::vector<int64_t>& mask,
+             double scale, double softcap, bool sm90) {
   const Context context(q.device());
   Problem pb = problem(q, k, v, lse, cu_q, cu_k, max_q, max_k, counts, indices, layout, mask, scale, softcap);
+  pb.tile_rows = static_cast<int>(tile_rows);
   pb.p.o = view(out);
   pb.o = describe(out);
   dispatch(q, pb.p, [&](auto tag, auto dim, auto general) {
@@ -260,8 +262,8 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
 template <typename Context>
 void forward_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& vt, at::Tensor& out, at::Tensor& lse,
                  const at::Tensor& q_scale, const at::Tensor& k_scale, const at::Tensor& v_scale,
-                 const at::Tensor& counts, const at::Tensor& indices, const std::vector<int64_t>& mask,
-                 double scale) {
+                 const at::Tensor& counts, const at::Tensor& indices, int64_t tile_rows,
+                 const std::vector<int64_t>& mask, double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && vt.dim() == 4, "forward_fp8: (B, S, H, D) q and k, (B, D, Hk, keys) vt");
   for (const at::Tensor* t : {&q, &k, &vt})
     TORCH_CHECK(t->scalar_type() == at::kFloat8_e4m3fn && t->device() == q.device(),
@@ -281,6 +283,7 @@ void forward_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& vt,
   const Context context(q.device());
   Problem pb = problem(q, k, k, lse, std::nullopt, std::nullopt, q.size(1), k.size(1), counts, indices, std::nullopt,
                        mask, scale, 0.0);
+  pb.tile_rows = static_cast<int>(tile_rows);
   pb.v = describe(vt);  // as (B, S, H, D): rows D, heads Hk, the keys along the lines
   pb.p.o = view(out);
   pb.o = describe(out);

@@ -29,6 +29,7 @@ struct Problem {
   int kv_heads;
   bool varlen;
   Schedule dq_schedule;         // backward with p.deterministic: the dQ pass's (the forward's tiles)
+  int tile_rows;                // forward: query rows per tile of p.schedule, checked against the kernel's
 };
 
 }  // namespace legalpt

@@ -24,12 +24,13 @@ inline unsigned grid_items(int64_t items, const std::string& kernel) {
 }
 
 // A forward's schedule must be built for its kernel's query tiles (`tiles` in csrc/api.h): one of other tiles would
-// have the kernel visit the wrong keys. Its count of tiles is what the launch can check.
-inline void check_schedule(const Schedule& s, int m_tiles, int rows, const std::string& kernel) {
-  if (s.rows != m_tiles) {
-    throw std::invalid_argument(kernel + ": counts holds a schedule of " + std::to_string(s.rows) +
-                                " query tiles; this kernel runs " + std::to_string(m_tiles) + " tiles of " +
-                                std::to_string(rows) + " rows: build the schedule for the tiles that tiles() names");
+// have the kernel visit the wrong keys.
+inline void check_schedule(const Problem& pb, int m_tiles, int rows, const std::string& kernel) {
+  if (pb.tile_rows != rows || pb.p.schedule.rows != m_tiles) {
+    throw std::invalid_argument(kernel + ": counts holds a schedule of " + std::to_string(pb.p.schedule.rows) +
+                                " query tiles of " + std::to_string(pb.tile_rows) + " rows; this kernel runs " +
+                                std::to_string(m_tiles) + " tiles of " + std::to_string(rows) +
+                                " rows: build the schedule for the tiles that tiles() names");
   }
 }
 
@@ -37,7 +38,7 @@ template <typename T, int D, bool kGeneral, typename Launch>
 void run_fwd(const Problem& pb, const Launch& launch) {
   using Tr = FwdTraits<T, D>;
   const dim3 grid((pb.p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, pb.documents, pb.p.heads);
-  check_schedule(pb.p.schedule, grid.x, Tr::kBlockM, "fa2 forward");
+  check_schedule(pb, grid.x, Tr::kBlockM, "fa2 forward");
   launch(fwd_kernel<T, D, kGeneral>, grid, Tr::kThreads, Tr::kSmem, pb.p);
 }
 

@@ -66,7 +66,8 @@ struct Fp8Scales {
   int q_blocks, k_blocks;
 };
 
-// The forward's arguments: fa2's, and the tensor maps of its TMA copies and of O's stores (boxes of 128 rows). The
+// The forward's arguments: fa2's, and the tensor maps of its TMA copies (boxes of a query tile's rows, a key tile's)
+// and of O's stores (boxes of a consumer's 64 rows). The
 // FP8 forward's v map reads V^T (keys along its lines), and `scales` holds its scales (null elsewhere).
 struct FwdArgs {
   Params p;
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D, TO, kGeneral>::kThreads, 1)
   unsigned char* sQ = smem_raw + (-smem_addr(smem_raw) & 1023);  // (BM, D), swizzled
   unsigned char* sK = sQ + BM * D * sizeof(T);                    // 2 x (BN, D)
   unsigned char* sV = sK + 2 * Tr::kTileBytes;                    // 2 x (BN, D)
-  unsigned char* sO = sV + 2 * Tr::kTileBytes;                    // 2 x (64, D): each consumer's O
+  unsigned char* sO = sV + 2 * Tr::kTileBytes;                    // consumers x (64, D): each one's O
   uint64_t* bars = reinterpret_cast<uint64_t*>(sO + BM * D * sizeof(TO));
   uint64_t *q_full = bars, *q_empty = bars + 1, *k_full = bars + 2, *v_full = bars + 4, *k_empty = bars + 6,
            *v_empty = bars + 8;
@@ -233,8 +234,8 @@ __global__ void __launch_bounds__(FwdTraits<T, D, TO, kGeneral>::kThreads, 1)
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // log2 domain; row_sum: this thread's part
     float s[BN / 8][4];
     // Waits for K(t) (kv) or V(t), key tile `tile`, to land in buffer (g + t) % 2. In a varlen document's last,
-    // partial tile the rows past its end are zeroed (zero_rows) by both consumers, which meet there (the condition
-    // is the same for both).
+    // partial tile the rows past its end are zeroed (zero_rows) by all consumers, which meet there (the condition
+    // is the same for all).
     const auto landed = [&](bool kv, int t, int tile) {
       const unsigned j = g + t;
       unsigned char* buffer = (kv ? sK : sV) + j % 2 * Tr::kTileBytes;
@@ -376,7 +377,7 @@ __global__ void __launch_bounds__(FwdTraits<T, D, TO, kGeneral>::kThreads, 1)
       inv = finish_rows(p, row_max, row_sum, i0, doc, b, h);
     }
     // A whole query tile's O goes out by TMA: 128-byte lines instead of every thread's 4-byte stores. Each consumer
-    // stores its 64 rows from its half of sO, issued and awaited by its first thread, so that the consumers do not
+    // stores its 64 rows from its part of sO, issued and awaited by its first thread, so that the consumers do not
     // meet between items. A tile past a varlen document's end keeps fa2's stores.
     if (p.cu_seqlens_q == nullptr || (m_blk + 1) * BM <= doc.lq) {
 #pragma unroll

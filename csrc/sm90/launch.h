@@ -40,7 +40,7 @@ template <typename T, int D, bool kGeneral, typename Launch>
 void run_fwd(const Problem& pb, const Launch& launch) {
   using Tr = FwdTraits<T, D, T, kGeneral>;
   const int m_tiles = (pb.p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  fa2::check_schedule(pb.p.schedule, m_tiles, Tr::kBlockM, "fa3 forward");
+  fa2::check_schedule(pb, m_tiles, Tr::kBlockM, "fa3 forward");
   const FwdArgs args{pb.p,
                      tensor_map(pb.q, Tr::kBlockM),
                      tensor_map(pb.k, Tr::kBlockN),
@@ -59,7 +59,7 @@ template <typename TO, int D, typename Launch>
 void run_fwd_fp8(const Problem& pb, const Fp8Scales& scales, const Launch& launch) {
   using Tr = FwdTraits<e4m3, D, TO>;
   const int m_tiles = (pb.p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  fa2::check_schedule(pb.p.schedule, m_tiles, Tr::kBlockM, "fa3 FP8 forward");
+  fa2::check_schedule(pb, m_tiles, Tr::kBlockM, "fa3 FP8 forward");
   const FwdArgs args{pb.p,
                      tensor_map(pb.q, Tr::kBlockM),
                      tensor_map(pb.k, Tr::kBlockN),

@@ -271,7 +271,7 @@ def kernel_forward(
     ext.forward_fp8(
         q, k, kernel_v(inputs.v) if v_kernel is None else v_kernel, out, lse, inputs.q_scale, inputs.k_scale,
         inputs.v_scale,
-        schedule.counts, schedule.indices, spec.ints(), softmax_scale,
+        schedule.counts, schedule.indices, schedule.tile[0], spec.ints(), softmax_scale,
     )  # fmt: skip
     return out, lse
 

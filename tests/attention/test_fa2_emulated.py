@@ -92,6 +92,12 @@ FA3_CASES = {
     ),
     # bottom-right causal: the first 140 rows see no key, so no key tile visits query tiles 0 and 1
     "fa3-causal-unvisited-query-tiles-d64": (64, torch.bfloat16, (200, 60), (2, 1), {"causal": True}),
+    # the d64 forward's 192-row tiles: the first 250 rows see no key, so its query tile 0 visits no key tile (causal),
+    # and in a persistent window each emulated block takes such items between others (the consumers' ring)
+    "fa3-causal-unvisited-192-row-tile-d64": (64, torch.bfloat16, (450, 200), (2, 1), {"causal": True}),
+    "fa3-window-d64-persistent-unvisited-tiles": (
+        64, torch.float16, (450, 200), (2, 1), {"causal": True, "window_size": (80, 0)},
+    ),
     # persistent windows at unequal lengths: a non-causal window (key tile 0 reaches query tile 0 alone), and a causal
     # one whose first 130 rows see no key (query tiles 0 and 1 get dQ from no key tile)
     "fa3-window-d64-persistent-unequal": (64, torch.bfloat16, (200, 330), (2, 1), {"window_size": (60, 40)}),
@@ -294,12 +300,14 @@ def test_emulated_forward_tiles_follow_the_mask(head_dim: int):
     assert ext.tiles(head_dim, False)[0] == ext.tiles(head_dim, False, softcap=30.0)[0] == (128, 64)
 
 
-def test_emulated_forward_refuses_a_schedule_of_other_tiles(monkeypatch):
+@pytest.mark.parametrize(("seqlen", "tiles"), [(384, 3), (200, 2)])  # 200: as many 128-row tiles as 192-row ones
+def test_emulated_forward_refuses_a_schedule_of_other_tiles(seqlen: int, tiles: int, monkeypatch):
     """A schedule built for other query tiles than the kernel's is refused before the launch, naming counts."""
-    tiles = cuda._tiles
-    monkeypatch.setattr(cuda, "_tiles", lambda *args: ((128, 128), tiles(*args)[1]))  # 3 tiles where fa3 runs 2
-    q, k, v = _qkv((1, 384, 2, 64), (1, 384, 2, 64), torch.bfloat16)
-    with pytest.raises(ValueError, match="counts holds a schedule of 3 query tiles; this kernel runs 2 tiles of 192"):
+    kernel_tiles = cuda._tiles
+    monkeypatch.setattr(cuda, "_tiles", lambda *args: ((128, 128), kernel_tiles(*args)[1]))
+    q, k, v = _qkv((1, seqlen, 2, 64), (1, seqlen, 2, 64), torch.bfloat16)
+    expected = f"counts holds a schedule of {tiles} query tiles of 128 rows; this kernel runs 2 tiles of 192 rows"
+    with pytest.raises(ValueError, match=expected):
         flash_attn_func(q, k, v, causal=True, backend="fa3")
 
 

@@ -105,7 +105,8 @@ class CudaBackend(KernelBackend):
         lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
         ext.forward(
             q, k, v, out, lse, batch.cu_seqlens_q, batch.cu_seqlens_k, batch.max_seqlen_q, batch.max_seqlen_k,
-            schedule.counts, schedule.indices, layout, mask, batch.softmax_scale, batch.softcap, self.sm90,
+            schedule.counts, schedule.indices, schedule.tile[0], layout, mask, batch.softmax_scale, batch.softcap,
+            self.sm90,
         )  # fmt: skip
         return out, lse
 
