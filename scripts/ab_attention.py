@@ -150,7 +150,8 @@ def export(commits: list[str], folder: Path) -> list[Path]:
         if archive.returncode:
             raise SystemExit(f"git archive {sha}: {archive.stderr.decode().strip()}")
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(tree, filter="data")
+            # the "data" filter where this Python has it (3.10.12, 3.11.4 and later); the archive is this git's own
+            tar.extractall(tree, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         trees.append(tree)
     return trees
 
