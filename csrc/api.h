@@ -125,14 +125,16 @@ void by_type(const at::Tensor& t, F&& f) {
   }
 }
 
-// Calls f(Tag<element type>, head dim, std::bool_constant<general>): the kernels are instantiated per element type
-// and head dim, and for general masks (softcap, dilation, block layout) and scales <= 0 apart from the rest
-// (csrc/sm80/fwd.cuh says why).
+// Whether a call takes the kernels of general masks (softcap, dilation, block layout) and scales <= 0, which are
+// instantiated apart from the rest (csrc/sm80/fwd.cuh says why); scale_log2: the softmax scale times log2(e)
+// (log2_scale), as the kernels read it.
 inline bool general_mask(float softcap, int dilation, bool layout, float scale_log2) {
   return softcap > 0.f || dilation > 1 || layout || !(scale_log2 > 0.f);
 }
 inline float log2_scale(double scale) { return static_cast<float>(scale * 1.4426950408889634); }
 
+// Calls f(Tag<element type>, head dim, std::bool_constant<general>): the kernels are instantiated per element type,
+// head dim and general_mask.
 template <typename F>
 void dispatch(const at::Tensor& q, const Params& p, F&& f) {
   const bool general = general_mask(p.softcap, p.mask.dilation, p.mask.layout != nullptr, p.scale_log2);
