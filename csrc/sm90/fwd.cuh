@@ -67,8 +67,8 @@ struct Fp8Scales {
 };
 
 // The forward's arguments: fa2's, and the tensor maps of its TMA copies (boxes of a query tile's rows, a key tile's)
-// and of O's stores (boxes of a consumer's 64 rows). The
-// FP8 forward's v map reads V^T (keys along its lines), and `scales` holds its scales (null elsewhere).
+// and of O's stores (boxes of a consumer's 64 rows). The FP8 forward's v map reads V^T (keys along its lines), and
+// `scales` holds its scales (null elsewhere).
 struct FwdArgs {
   Params p;
   TensorMap q, k, v;
