@@ -133,15 +133,20 @@ def test_bfloat16_logits_and_gradients_by_flash_attn_rule(arch, make_model):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_bf16_autocast_over_float32_weights_matches_sdpa(arch, make_model):
-    # Under autocast RoPE hands over float32 q, k and a bfloat16 v, as in mixed-precision training.
+    """Under autocast RoPE hands over float32 q, k and a bfloat16 v, as in mixed-precision training. flash-attn's
+    rule against the same model without autocast: our error at most 2x (logits) and 3x (gradients) that of sdpa
+    under the same autocast, plus a small floor. (Compared with sdpa directly, two bf16 computations differ by up to
+    ~3% of a small gradient's norm on some inputs, though each is as far from float32 as the other.)"""
     model = make_model(arch)
     input_ids = torch.randint(VOCAB, (2, 24))
     weights = torch.randn(2, 24, VOCAB)
+    truth, true_grads = logits_and_grads(model, "eager", input_ids, weights)
     ours, our_grads = logits_and_grads(model, NAME, input_ids, weights, dtype=torch.bfloat16)
-    expected, grads = logits_and_grads(model, "sdpa", input_ids, weights, dtype=torch.bfloat16)
-    assert (ours - expected).abs().max() <= 2e-2 * expected.abs().max()
-    for name, grad in grads.items():
-        assert (our_grads[name] - grad).norm() <= 3e-2 * grad.norm(), name
+    theirs, their_grads = logits_and_grads(model, "sdpa", input_ids, weights, dtype=torch.bfloat16)
+    assert relative_error(ours, truth) <= 2 * relative_error(theirs, truth) + 1e-3
+    for name, true_grad in true_grads.items():
+        ours_error = relative_error(our_grads[name], true_grad)
+        assert ours_error <= 3 * relative_error(their_grads[name], true_grad) + 1e-3, (name, ours_error)
 
 
 def test_sliding_window_changes_logits_after_the_window(make_model):
