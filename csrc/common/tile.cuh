@@ -1,5 +1,5 @@
-// What the kernels of both paths share about tiles: document bounds, the schedule's visits, row addressing, and
-// global -> shared tile copies (cp.async, the FA2 path's).
+// What the kernels of both paths share about tiles: document bounds, the schedule's visits, row addressing, vector
+// loads of elements and their conversion to float, and global -> shared tile copies (cp.async, the FA2 path's).
 #pragma once
 
 #include "params.h"
@@ -20,6 +20,14 @@ __device__ __forceinline__ Document document(const Params& p, int b) {
   const int q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
   return {q0, k0, p.cu_seqlens_q[b + 1] - q0, p.cu_seqlens_k[b + 1] - k0};
 }
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <typename T, int N>
+struct alignas(N * sizeof(T)) Chunk {  // N elements read as one load
+  T x[N];
+};
 
 // Row `row` of document b (starting at `start` on the packed axis), head h.
 template <typename T>

@@ -526,14 +526,6 @@ struct PrepArgs {
   int64_t dq_chunks;         // its size in chunks
 };
 
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-template <typename T, int N>
-struct alignas(N * sizeof(T)) Chunk {  // N elements read as one load
-  T x[N];
-};
-
 template <typename T, int kVec, int kChunks>
 __global__ void bwd_prep_kernel(const __grid_constant__ PrepArgs a) {
   const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / a.group;
