@@ -22,6 +22,7 @@
 #ifdef LEGALPT_SM90
 #include "sm90/bwd.cuh"
 #include "sm90/fwd.cuh"
+#include "sm90/quantize.cuh"
 #endif
 
 namespace legalpt {
@@ -40,6 +41,8 @@ void run_fwd(const Problem& pb, const Launch& launch);
 #ifdef LEGALPT_SM90
 template <typename TO, int D, typename Launch>
 void run_fwd_fp8(const Problem& pb, const Fp8Scales& scales, const Launch& launch);
+template <typename T, typename Launch>
+void run_quantize(const Fp8Quantize& job, const Launch& launch);
 #endif
 template <typename T, int D, bool kGeneral, typename Launch>
 void run_bwd(const Problem& pb, const Launch& launch);
@@ -295,6 +298,70 @@ void forward_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& vt,
 }
 #endif
 
+#if defined(LEGALPT_HDIM_128) && defined(LEGALPT_SM90)
+// t (B, S, H, 128) in bf16 or fp16 as the quantization kernels read it: vector loads from 16-byte aligned rows.
+inline void check_quantize_input(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  TORCH_CHECK(t.dim() == 4 && t.size(3) == 128, "quantize_fp8: ", name, " must be (B, S, H, 128), got ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == q.scalar_type() && t.device() == q.device(), "quantize_fp8: ", name,
+              " must be ", q.scalar_type(), " on ", q.device(), " (as q), got ", t.scalar_type(), " on ", t.device());
+  bool aligned = t.stride(3) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int d = 0; d < 3; ++d) aligned = aligned && (t.size(d) == 1 || t.stride(d) % 8 == 0);  // 1: unused
+  TORCH_CHECK(aligned, "quantize_fp8: ", name, " must have a contiguous last dimension and 16-byte aligned rows");
+}
+
+// An output of the quantization: contiguous, of this type and shape, on q's device.
+inline void check_quantize_output(const at::Tensor& t, const char* name, at::ScalarType type,
+                                  at::IntArrayRef sizes, const at::Tensor& q) {
+  TORCH_CHECK(t.scalar_type() == type && t.sizes() == sizes && t.is_contiguous() && t.device() == q.device(),
+              "quantize_fp8: ", name, " must be contiguous ", type, " of shape ", sizes, " on ", q.device(), ", got ",
+              t.scalar_type(), " of shape ", t.sizes(), " on ", t.device());
+}
+
+// The FP8 forward's inputs from bf16 or fp16 ones (csrc/sm90/quantize.cuh; legalpt/attention/fp8.py's
+// kernel_quantize): q (B, Sq, H, 128), k and v (B, Sk, Hk, 128), v_scale (B, Hk) float32, factors (128,) float32
+// (the incoherence matrix's first row) or None for no rotation. Writes q8 and k8 (e4m3, q's and k's shapes), their
+// scales q_scale (B, H, q blocks) and k_scale (B, Hk, k blocks), and vt (B, 128, Hk, keys padded to whole tiles) in
+// e4m3, as forward_fp8 reads them.
+template <typename Context>
+void quantize_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& v_scale,
+                  const OptTensor& factors, at::Tensor& q8, at::Tensor& k8, at::Tensor& vt, at::Tensor& q_scale,
+                  at::Tensor& k_scale) {
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
+              "quantize_fp8: q must be bfloat16 or float16, got ", q.scalar_type());
+  check_quantize_input(q, "q", q);
+  check_quantize_input(k, "k", q);
+  check_quantize_input(v, "v", q);
+  TORCH_CHECK(k.size(0) == q.size(0) && v.sizes() == k.sizes(), "quantize_fp8: k and v (B, Sk, Hk, 128) with q's B");
+  const int64_t batch = q.size(0), seqlen_k = k.size(1), kv_heads = k.size(2);
+  const int64_t q_blocks = (q.size(1) + 127) / 128, k_blocks = (seqlen_k + 127) / 128;
+  const int64_t limit = int64_t{1} << 31;  // grid.x and the kernels' int rows; grid.y and grid.z below 2^16
+  TORCH_CHECK(batch < 65536 && q.size(2) < 65536 && q.size(1) < limit && k_blocks * 128 < limit,
+              "quantize_fp8: at most 65535 batch rows and heads, and 2^31 - 1 rows");
+  check_quantize_output(q8, "q8", at::kFloat8_e4m3fn, q.sizes(), q);
+  check_quantize_output(k8, "k8", at::kFloat8_e4m3fn, k.sizes(), q);
+  check_quantize_output(vt, "vt", at::kFloat8_e4m3fn, {batch, 128, kv_heads, k_blocks * 128}, q);
+  check_quantize_output(q_scale, "q_scale", at::kFloat, {batch, q.size(2), q_blocks}, q);
+  check_quantize_output(k_scale, "k_scale", at::kFloat, {batch, kv_heads, k_blocks}, q);
+  check_quantize_output(v_scale, "v_scale", at::kFloat, {batch, kv_heads}, q);
+  if (factors.has_value()) check_quantize_output(*factors, "factors", at::kFloat, {128}, q);
+  const float* rotation = factors.has_value() ? factors->data_ptr<float>() : nullptr;
+  const auto rows = [&](const at::Tensor& x, at::Tensor& out, at::Tensor& scale) {
+    return fa3::QuantizeArgs{view(x), static_cast<uint8_t*>(out.data_ptr()), scale.data_ptr<float>(), rotation,
+                             static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
+                             static_cast<int>(scale.size(2))};
+  };
+  const fa3::TransposeArgs transpose{view(v),
+                                     v_scale.data_ptr<float>(),
+                                     static_cast<uint8_t*>(vt.data_ptr()),
+                                     static_cast<int>(seqlen_k),
+                                     static_cast<int>(kv_heads),
+                                     static_cast<int>(vt.size(3))};
+  const fa3::Fp8Quantize job{rows(q, q8, q_scale), rows(k, k8, k_scale), transpose, static_cast<int>(batch)};
+  const Context context(q.device());
+  by_type(q, [&](auto tag) { fa3::run_quantize<typename decltype(tag)::type>(job, context.launch); });
+}
+#endif
+
 // The backward: accumulates dq_accum (zeroed by prepare), writes dk and dv. dq_counts, dq_indices: the forward's
 // schedule, read by the deterministic dQ pass. split_tiles key tiles are each split over split_chunks blocks adding
 // into dkv_split: shares of the global keys' rows, or split_heads heads of the GQA group each (Params).
@@ -419,6 +486,7 @@ void bind(pybind11::module& m) {
   m.def("forward", &forward<Context>, "attention forward: writes out and lse");
 #if defined(LEGALPT_HDIM_128) && defined(LEGALPT_SM90)
   m.def("forward_fp8", &forward_fp8<Context>, "FP8 attention forward at head dim 128: writes out and lse");
+  m.def("quantize_fp8", &quantize_fp8<Context>, "the FP8 forward's e4m3 inputs and scales from bf16 or fp16 ones");
 #endif
   m.def("prepare", &prepare<Context>, "backward preprocessing: delta = rowsum(dO * O) - dlse, lse in log2");
   m.def("backward", &backward<Context>, "attention backward: accumulates dq_accum, writes dk and dv");

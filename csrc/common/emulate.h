@@ -104,6 +104,18 @@ inline float e4m3_to_float(uint8_t bits) {
   return bits & 0x80 ? -a : a;
 }
 
+inline float __fdiv_rn(float a, float b) { return a / b; }  // IEEE division, as the CPU's
+inline float __uint_as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t __float_as_uint(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;  // set by the scheduler before a fiber runs
 using std::max;  // the integer min and max of device code
 using std::min;
@@ -475,6 +487,15 @@ inline float __shfl_xor_sync(unsigned, float x, int mask) {
   s.value[lane()] = x;
   warp_sync();
   const float y = s.value[lane() ^ mask];
+  warp_sync();
+  return y;
+}
+inline unsigned __shfl_xor_sync(unsigned, unsigned x, int mask) {
+  using namespace legalpt::emu;
+  WarpScratch& s = warp_scratch();
+  s.regs[lane()][0] = x;
+  warp_sync();
+  const unsigned y = s.regs[lane() ^ mask][0];
   warp_sync();
   return y;
 }

@@ -1,6 +1,7 @@
 // Host side of the FA3 path (wgmma and TMA, sm90a): the tensor maps, the 1-D grids over work items and the launches
-// of the forward and backward over a Problem, through a Launch policy (as csrc/sm80/launch.h). The backward's split
-// key tiles and deterministic dQ pass are the FA2 path's. Instantiated at head dims 64 and 128.
+// of the forward and backward over a Problem, through a Launch policy (as csrc/sm80/launch.h), and of the FP8
+// forward's quantization. The backward's split key tiles and deterministic dQ pass are the FA2 path's. Instantiated
+// at head dims 64 and 128.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "../sm80/launch.h"
 #include "bwd.cuh"
 #include "fwd.cuh"
+#include "quantize.cuh"
 
 namespace legalpt::fa3 {
 
@@ -71,6 +73,18 @@ void run_fwd_fp8(const Problem& pb, const Fp8Scales& scales, const Launch& launc
   const dim3 grid =
       item_grid(launch, int64_t{m_tiles} * pb.documents * pb.p.heads, balanced_items(pb), "FP8 forward");
   if (grid.x > 0) launch(fwd_kernel<e4m3, D, false, TO>, grid, Tr::kThreads, Tr::kSmem, args);
+}
+
+// The FP8 forward's quantization (quantize.cuh) of T inputs: Q's and K's row blocks, then V^T's key tiles.
+template <typename T, typename Launch>
+void run_quantize(const Fp8Quantize& job, const Launch& launch) {
+  if (job.batch == 0) return;
+  for (const QuantizeArgs* rows : {&job.q, &job.k}) {
+    const dim3 grid(rows->blocks, rows->heads, job.batch);
+    if (rows->blocks > 0) launch(quantize_qk<T>, grid, kQuantThreads, kQuantSmem, *rows);
+  }
+  const int tiles = job.v.keys / kQuantRows;
+  if (tiles > 0) launch(quantize_vt<T>, dim3(tiles, job.v.heads, job.batch), kQuantThreads, 0, job.v);
 }
 
 template <typename T, int D, bool kGeneral, typename Launch>

@@ -70,8 +70,9 @@ def instantiations() -> dict[str, str]:
                     for general in (False, True):
                         name = f"{path}_{direction}_hdim{d}_{dtype}{'_general' if general else ''}.cu"
                         files[name] = _kernel_file(path, direction, d, dtype, general)
-    for dtype in _TYPES:  # the FP8 forward, by its output's type
+    for dtype in _TYPES:  # the FP8 forward, by its output's type, and its quantization, by its inputs'
         files[f"sm90_fp8fwd_hdim{FP8_HEAD_DIM}_{dtype}.cu"] = _fp8_file(dtype)
+        files[f"sm90_quantize_hdim{FP8_HEAD_DIM}_{dtype}.cu"] = _quantize_file(dtype)
     return files
 
 
@@ -98,6 +99,14 @@ def _fp8_file(dtype: str) -> str:
     return _header(what, "sm90") + (
         f"template void {function}(\n    const legalpt::Problem&, const legalpt::fa3::Fp8Scales&, "
         "const legalpt::CudaLaunch&);\n"
+    )
+
+
+def _quantize_file(dtype: str) -> str:
+    what = f"The sm90 FP8 forward's quantization at head dim {FP8_HEAD_DIM}, {dtype} inputs"
+    function = f"legalpt::fa3::run_quantize<{_TYPES[dtype]}>"
+    return _header(what, "sm90") + (
+        f"template void {function}(\n    const legalpt::fa3::Fp8Quantize&, const legalpt::CudaLaunch&);\n"
     )
 
 

@@ -1,0 +1,185 @@
+// The FP8 forward's quantization, fused (legalpt/attention/fp8.py: `quantize` and `kernel_v` define it, and
+// `kernel_quantize` calls these): Q and K in bf16 or fp16 at head dim 128 to e4m3 with one scale per (batch, head,
+// block of 128 rows), after the incoherent rotation if asked; V to the e4m3 V^T the FP8 forward reads, with the
+// scales the caller computed (one per batch row and key head: a reduction over every key, one pass in PyTorch).
+// Each input element is read once and each output byte written once, where the PyTorch path makes float32 copies
+// and multiplies by M: it cost as much as the FP8 kernel itself.
+#pragma once
+
+#include "../common/tile.cuh"
+
+namespace legalpt::fa3 {
+
+constexpr int kQuantD = 128;        // the FP8 forward's head dim: 32 lanes x 4 columns
+constexpr int kQuantRows = 128;     // rows per scale, and keys per V^T tile: the FP8 forward's tiles
+constexpr int kQuantThreads = 256;  // 8 warps
+constexpr int kQuantWarps = kQuantThreads / 32;
+constexpr int kQuantSmem = kQuantWarps * sizeof(uint32_t);  // quantize_qk's warp maxima
+constexpr float kE4m3Max = 448.f;
+constexpr float kMinScale = 0x1p-40f;  // fp8.MIN_SCALE
+
+// quantize_qk's: x (B, S, H, 128), its last dimension contiguous and its rows 16-byte aligned.
+struct QuantizeArgs {
+  Tensor4 x;
+  uint8_t* out;           // (B, S, H, 128) e4m3, contiguous
+  float* scale;           // (B, H, blocks), contiguous
+  const float* factors;   // (128,): M's first row (incoherence_matrix(128, seed)[0]); nullptr: no rotation
+  int seqlen, heads, blocks;
+};
+
+// quantize_vt's: v (B, Sk, Hk, 128) as quantize_qk's x.
+struct TransposeArgs {
+  Tensor4 v;
+  const float* scale;  // (B, Hk), contiguous
+  uint8_t* vt;         // (B, 128, Hk, keys) e4m3, contiguous; keys: Sk padded to whole tiles
+  int seqlen, heads, keys;
+};
+
+// One call's work: Q and K (their own grids) and V.
+struct Fp8Quantize {
+  QuantizeArgs q, k;
+  TransposeArgs v;
+  int batch;
+};
+
+// The scale that maps a block's amax (the bits of |x|: integers compare as the floats do, NaN above every number,
+// and no flush of subnormals) to 448, as fp8.py's _scales: 1 where amax is 0 or NaN (amax > 0 fails there), at
+// least kMinScale. __fdiv_rn: the build's fast math makes `/` approximate, and the reference's division is IEEE.
+__device__ __forceinline__ float block_scale(uint32_t amax) {
+  if (amax == 0 || amax > 0x7F800000u) return 1.f;
+  return fmaxf(__fdiv_rn(__uint_as_float(amax), kE4m3Max), kMinScale);
+}
+
+__device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+
+// The largest of the block's threads' amax: over the warp by shuffles, then over the warps' in shared memory.
+__device__ __forceinline__ uint32_t block_amax(uint32_t amax, uint32_t* warp_amax) {
+#pragma unroll
+  for (int bit = 16; bit > 0; bit /= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, bit));
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kQuantWarps; ++w) amax = max(amax, warp_amax[w]);
+  return amax;
+}
+
+__device__ __forceinline__ void butterfly(float& low, float& high) {
+  const float a = low, b = high;
+  low = a + b;
+  high = a - b;
+}
+
+// Each row times M = H diag(signs) / sqrt(128): a fast Walsh-Hadamard transform gives x H for Sylvester's H (pairs
+// of columns (i, i | bit): low <- a + b, high <- a - b), over column bits 0 and 1 within a lane and bits 2..6 across
+// lanes; then column j times M[0, j], the very float32 entries of fp8.incoherence_matrix (H's first row is ones).
+template <int kRows>
+__device__ __forceinline__ void rotate(float (&x)[kRows][4], const float* factors) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    butterfly(x[r][0], x[r][1]);
+    butterfly(x[r][2], x[r][3]);
+    butterfly(x[r][0], x[r][2]);
+    butterfly(x[r][1], x[r][3]);
+  }
+#pragma unroll
+  for (int bit = 1; bit < 32; bit *= 2) {
+    const bool high = lane & bit;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float other = __shfl_xor_sync(0xffffffffu, x[r][c], bit);
+        x[r][c] = high ? other - x[r][c] : x[r][c] + other;
+      }
+    }
+  }
+  const Chunk<float, 4> f = *reinterpret_cast<const Chunk<float, 4>*>(factors + 4 * lane);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) x[r][c] *= f.x[c];
+}
+
+// x / scale in e4m3: the reference's IEEE division, then cvt's round to nearest, saturated to +-448 as the
+// reference's clamp.
+__device__ __forceinline__ uint32_t to_e4m3(float x0, float x1, float x2, float x3, float scale) {
+  return pack4_e4m3(__fdiv_rn(x0, scale), __fdiv_rn(x1, scale), __fdiv_rn(x2, scale), __fdiv_rn(x3, scale));
+}
+
+// Block (row block, head, batch row): 128 rows of one head. Warp w takes rows w, w + 8, ..., lane l columns 4l ..
+// 4l + 3 of each (8-byte loads, 4-byte stores: a warp's cover a row, whole lines). Rows past S are neither read nor
+// written and count as 0, as the reference's zero padding.
+template <typename T>
+__global__ void __launch_bounds__(kQuantThreads) quantize_qk(const __grid_constant__ QuantizeArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // cvt to e4m3: sm_89+, built with the FP8 path
+  constexpr int kRows = kQuantRows / kQuantWarps;  // 16 a warp
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int lane = threadIdx.x % 32, first = blockIdx.x * kQuantRows + threadIdx.x / 32, h = blockIdx.y;
+  const int b = blockIdx.z;
+  Chunk<T, 4> raw[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {  // every load issued before any is used
+    const int row = first + r * kQuantWarps;
+    if (row < a.seqlen) raw[r] = *reinterpret_cast<const Chunk<T, 4>*>(row_ptr<const T>(a.x, b, 0, row, h) + 4 * lane);
+  }
+  float x[kRows][4];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) x[r][c] = first + r * kQuantWarps < a.seqlen ? to_float(raw[r].x[c]) : 0.f;
+  if (a.factors != nullptr) rotate(x, a.factors);
+  uint32_t amax = 0;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) amax = max(amax, abs_bits(x[r][c]));
+  const float scale = block_scale(block_amax(amax, reinterpret_cast<uint32_t*>(smem_raw)));
+  if (threadIdx.x == 0) a.scale[(static_cast<int64_t>(b) * a.heads + h) * a.blocks + blockIdx.x] = scale;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int row = first + r * kQuantWarps;
+    if (row >= a.seqlen) continue;
+    const int64_t at = ((static_cast<int64_t>(b) * a.seqlen + row) * a.heads + h) * kQuantD + 4 * lane;
+    *reinterpret_cast<uint32_t*>(a.out + at) = to_e4m3(x[r][0], x[r][1], x[r][2], x[r][3], scale);
+  }
+#endif
+}
+
+// Block (key tile, key head, batch row): V^T's 128 rows (d) x 128 keys of the tile, in the FP8 forward's key order:
+// the 4-byte group q of each 16 keys holds keys {2q, 2q + 1, 2q + 8, 2q + 9} of them, as P's e4m3 fragments do
+// (to_fragments_e4m3 in wgmma.cuh, fp8._KEY_ORDER). Lane 4g + q takes those four keys of the tile's g-th 16, warp w
+// the d in [16w, 16w + 16): 32 bytes of each key row (two 16-byte loads, one whole sector), then a 4 x 4 transpose
+// in registers per 4 d, one 4-byte word per V^T row (a warp's are 128 bytes in a row). Keys past Sk are zeros: the
+// padding.
+template <typename T>
+__global__ void __launch_bounds__(kQuantThreads) quantize_vt(const __grid_constant__ TransposeArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)
+  constexpr int kD = kQuantD / kQuantWarps;  // 16 a warp
+  const int lane = threadIdx.x % 32, d0 = threadIdx.x / 32 * kD, h = blockIdx.y, b = blockIdx.z;
+  const int first = blockIdx.x * kQuantRows + lane / 4 * 16 + 2 * (lane % 4);
+  Chunk<T, 8> raw[4][kD / 8];  // (key, half of the 16 d)
+  bool valid[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int key = first + i % 2 + 8 * (i / 2);
+    valid[i] = key < a.seqlen;
+    const T* src = row_ptr<const T>(a.v, b, 0, key, h) + d0;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j)
+      if (valid[i]) raw[i][j] = *reinterpret_cast<const Chunk<T, 8>*>(src + 8 * j);
+  }
+  const float scale = a.scale[static_cast<int64_t>(b) * a.heads + h];
+  uint8_t* dst = a.vt + ((static_cast<int64_t>(b) * kQuantD + d0) * a.heads + h) * a.keys + blockIdx.x * kQuantRows;
+#pragma unroll
+  for (int d = 0; d < kD; ++d) {
+    float k[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) k[i] = valid[i] ? to_float(raw[i][d / 8].x[d % 8]) : 0.f;
+    *reinterpret_cast<uint32_t*>(dst + d * static_cast<int64_t>(a.heads) * a.keys + 4 * lane) =
+        to_e4m3(k[0], k[1], k[2], k[3], scale);
+  }
+#endif
+}
+
+}  // namespace legalpt::fa3
