@@ -19,10 +19,19 @@ FlashAttention-3's FP8 recipe (Shah et al., 2024), in the form a Hopper kernel c
 softmax: the numerics the kernel must reproduce, and `scripts/fp8_accuracy.py`'s. The `fa3` backend runs them on the
 Hopper kernel (csrc/sm90/fwd.cuh with e4m3 inputs) at head dim 128, which reads V transposed, its keys permuted
 within each 16 to match P's register fragments (`kernel_v`).
+
+`quantize` defines the quantization, in float32 PyTorch: the oracle, and the path of scaling="tensor" (one amax
+over the whole tensor), float32 inputs and the reference backend. Where the fa3 kernel serves bf16 or fp16 inputs
+with block scaling, `kernel_quantize` runs it fused instead (csrc/sm90/quantize.cuh): one read of Q, K and V and one
+write of their e4m3 forms, V straight into the kernel's V^T, the rotation as a fast Walsh-Hadamard transform in
+registers, where `quantize`'s float32 copies, matmuls and layout passes cost as much as the FP8 kernel. Without the
+rotation its bytes and scales are `quantize`'s bit for bit; with it, the product by M differs from the matmul's by
+float32 rounding.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -55,7 +64,7 @@ class Fp8Inputs:
 
     q: Tensor  # (B, Sq, H, D) float8_e4m3fn
     k: Tensor  # (B, Sk, Hk, D) float8_e4m3fn
-    v: Tensor  # (B, Sk, Hk, D) float8_e4m3fn
+    v: Tensor | None  # (B, Sk, Hk, D) float8_e4m3fn; None from kernel_quantize, which writes the kernel's V^T alone
     q_scale: Tensor  # (B, H, ceil(Sq / BLOCK_ROWS)) float32, one per block of query rows
     k_scale: Tensor  # (B, Hk, ceil(Sk / BLOCK_ROWS)) float32
     v_scale: Tensor  # (B, Hk) float32
@@ -69,6 +78,14 @@ def incoherence_matrix(head_dim: int, seed: int, device: torch.device | str = "c
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     signs = torch.randint(0, 2, (head_dim,), generator=torch.Generator().manual_seed(seed)) * 2 - 1
     return (h * signs / math.sqrt(head_dim)).to(device)
+
+
+@functools.lru_cache(maxsize=8)
+def _column_factors(head_dim: int, seed: int, device: torch.device) -> Tensor:
+    """M's first row, (D,) float32 on `device`: column j of M is column j of Sylvester's H (first row all ones) times
+    M[0, j], so the fused kernel's rotation multiplies by these very entries. Cached, as every layer of a step asks
+    for the same; callers only read it."""
+    return incoherence_matrix(head_dim, seed)[0].contiguous().to(device)
 
 
 def _check_hadamard(head_dim: int) -> None:
@@ -117,9 +134,54 @@ def _quantize_rows(x: Tensor, rows: int | None) -> tuple[Tensor, Tensor]:
     amax = row_amax.reshape(b, blocks, rows_per, h).amax(2).transpose(1, 2)  # (B, H, blocks)
     if rows is None:
         amax = amax.amax().expand(b, h, blocks)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).clamp(min=MIN_SCALE)  # all-zero: any
+    scale = _scales(amax)
     per_row = scale.transpose(1, 2).repeat_interleave(rows_per, dim=1)[:, :s, :, None]  # (B, S, H, 1)
     return (x / per_row).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale.contiguous()
+
+
+def _scales(amax: Tensor) -> Tensor:
+    """Float32 amax -> the scales that map it to E4M3_MAX, at least MIN_SCALE; 1 where amax is 0 (any scale would
+    do) or NaN (amax > 0 fails: the block's values keep their NaN). csrc/sm90/quantize.cuh's block_scale is this."""
+    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).clamp(min=MIN_SCALE)
+
+
+def kernel_quantize(
+    q: Tensor, k: Tensor, v: Tensor, incoherent: bool = True, seed: int = 0
+) -> tuple[Fp8Inputs, Tensor]:
+    """quantize(q, k, v, "block", incoherent, seed) by the fused kernels (module docstring), for the fa3 kernel:
+    q (B, Sq, H, 128), k and v (B, Sk, Hk, 128) in bf16 or fp16 on the kernels' device. Returns the inputs (their v
+    None) and V^T (B, 128, Hk, keys) as kernel_v lays it out."""
+    _check_inputs(q, k, v, "block", incoherent, seed)
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"q: expected dtype bfloat16 or float16 (the fused quantization's), got {q.dtype}")
+    if q.shape[-1] != KERNEL_HEAD_DIM:
+        raise ValueError(f"q: expected head_dim {KERNEL_HEAD_DIM} (the FP8 kernel's), got {q.shape[-1]}")
+    if 0 in (q.shape[0], q.shape[1], k.shape[1]):
+        raise ValueError(f"q, k: expected a batch row and a row each, got shapes {tuple(q.shape)}, {tuple(k.shape)}")
+    q, k, v = (_aligned(x) for x in (q, k, v))
+    (batch, seqlen_q, heads, d), seqlen_k, kv_heads = q.shape, k.shape[1], k.shape[2]
+    factors = _column_factors(d, seed, q.device) if incoherent else None
+    # The max of bf16 or fp16 values is one of them, exact: the reference's amax of their float32 copies
+    v_scale = _scales(torch.linalg.vector_norm(v, math.inf, dim=(1, 3)).float())  # (B, Hk)
+    q8, k8 = torch.empty(q.shape, dtype=E4M3, device=q.device), torch.empty(k.shape, dtype=E4M3, device=q.device)
+    q_scale = torch.empty((batch, heads, _blocks(seqlen_q)), dtype=torch.float32, device=q.device)
+    k_scale = torch.empty((batch, kv_heads, _blocks(seqlen_k)), dtype=torch.float32, device=q.device)
+    vt = torch.empty((batch, d, kv_heads, _blocks(seqlen_k) * BLOCK_ROWS), dtype=E4M3, device=q.device)
+    kernels.extension().quantize_fp8(q, k, v, v_scale, factors, q8, k8, vt, q_scale, k_scale)
+    return Fp8Inputs(q8, k8, None, q_scale, k_scale, v_scale), vt
+
+
+def _blocks(rows: int) -> int:
+    """Blocks of BLOCK_ROWS rows that hold `rows`."""
+    return -(-rows // BLOCK_ROWS)
+
+
+def _aligned(x: Tensor) -> Tensor:
+    """x, or a contiguous copy where the kernels' vector loads could not read it: its last dimension strided, or a
+    row not 16-byte aligned (a size-1 dimension's stride addresses nothing)."""
+    strides = (s for s, n in zip(x.stride()[:-1], x.shape[:-1], strict=True) if n > 1)
+    aligned = x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in strides)
+    return x if aligned else x.clone(memory_format=torch.contiguous_format)
 
 
 def reference_forward(
@@ -219,10 +281,14 @@ def flash_attn_fp8_func(
         out = q.new_zeros(q.shape)
         lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf, device=q.device)
         return (out, lse, None) if return_attn_probs else out
-    inputs = quantize(q, k, v, scaling, incoherent, seed)
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    if chosen == "fa3" and half and scaling == "block":
+        inputs, vt = kernel_quantize(q, k, v, incoherent, seed)
+    else:
+        inputs, vt = quantize(q, k, v, scaling, incoherent, seed), None
     if chosen == "fa3":
-        out_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        out, lse = kernel_forward(inputs, float(softmax_scale), causal, tuple(window_size), out_dtype)
+        out_dtype = q.dtype if half else torch.bfloat16
+        out, lse = kernel_forward(inputs, float(softmax_scale), causal, tuple(window_size), out_dtype, vt)
     else:
         out, lse = reference_forward(inputs, float(softmax_scale), causal, tuple(window_size))
     out = out.to(q.dtype)
@@ -244,7 +310,7 @@ def _fa3_unavailable(q: Tensor) -> str | None:
     if q.shape[-1] != KERNEL_HEAD_DIM:
         return f"the FP8 kernel has head dim {KERNEL_HEAD_DIM}, got {q.shape[-1]}"
     reason = kernels.unavailable_reason(q.device, KERNEL_HEAD_DIM, torch.bfloat16, sm90=True)
-    if reason is None and not hasattr(kernels.extension(), "forward_fp8"):
+    if reason is None and not all(hasattr(kernels.extension(), f) for f in ("forward_fp8", "quantize_fp8")):
         reason = "the installed kernels have no FP8 forward (reinstall legalpt with head dim 128 and sm90 built)"
     return reason
 
@@ -258,8 +324,8 @@ def kernel_forward(
     v_kernel: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The FP8 kernel on `inputs` (checked by flash_attn_fp8_func): out (B, Sq, H, D) in out_dtype, logsumexp
-    (B, H, Sq). v_kernel: kernel_v(inputs.v), where the caller has it already (the benchmark times the kernel
-    alone)."""
+    (B, H, Sq). v_kernel: kernel_v(inputs.v), where the caller has it already (kernel_quantize's V^T; the benchmark
+    times the kernel alone)."""
     ext = kernels.extension()
     q, k = inputs.q.contiguous(), inputs.k.contiguous()
     batch, seqlen_q, heads, _ = q.shape
@@ -279,7 +345,7 @@ def kernel_forward(
 def kernel_v(v: Tensor) -> Tensor:
     """V (B, Sk, Hk, D) e4m3 as the kernel reads it: V^T (B, D, Hk, keys), the keys padded with zeros to whole
     tiles of BLOCK_ROWS and permuted within each 16 to P's fragments (_KEY_ORDER)."""
-    keys = -(-v.shape[1] // BLOCK_ROWS) * BLOCK_ROWS
+    keys = _blocks(v.shape[1]) * BLOCK_ROWS
     padded = torch.zeros((v.shape[0], keys, *v.shape[2:]), dtype=v.dtype, device=v.device)
     padded[:, : v.shape[1]] = v
     order = torch.tensor(_KEY_ORDER, device=v.device)

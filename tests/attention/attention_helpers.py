@@ -2,8 +2,8 @@
 
 Deliberately independent of legalpt.attention.masks: the mask below is the element rule of DESIGN.md transcribed
 element by element, scores are dense, and the softmax is torch's. `assert_flash_attn_rule` is the accuracy rule for
-low-precision backends. `assert_documents_stay_apart`, shared by the GPU and emulated kernel tests, drives legalpt's
-API, so it imports it where it runs: the oracle's module stays free of legalpt.
+low-precision backends. `assert_documents_stay_apart` and the FP8 checks, shared by the GPU and emulated kernel
+tests, drive legalpt's API, so they import it where they run: the oracle's module stays free of legalpt.
 """
 
 from __future__ import annotations
@@ -184,6 +184,9 @@ class EmulatedKernels:
     def forward_fp8(self, q: Tensor, *args) -> None:
         self._build(q.shape[-1]).forward_fp8(q, *args)
 
+    def quantize_fp8(self, q: Tensor, *args) -> None:
+        self._build(q.shape[-1]).quantize_fp8(q, *args)
+
     def prepare(self, *args) -> None:  # the last argument, dq_accum, has the padded head dim
         self._build(args[-1].shape[-1]).prepare(*args)
 
@@ -249,3 +252,88 @@ def assert_fp8_kernel_computes_reference(
         f" max {ref_error.max():.3g}, mean {ref_error.mean():.3g}; lse {lse_error.max():.3g}"
     )
     assert error.max() <= 2 * ref_error.max() + 1e-6 and error.mean() <= 2 * ref_error.mean() + 1e-6
+
+
+def fp8_quantize_inputs(
+    dtype: torch.dtype, lengths: tuple[int, int], heads: tuple[int, int], batch: int, layout: str, device: str = "cpu"
+) -> tuple[Tensor, Tensor, Tensor]:
+    """q (B, Sq, H, 128), k and v (B, Sk, Hk, 128) with the outliers incoherent processing is for: a few features 20x
+    larger than the rest, and one value in a thousand 100x. layout: "contiguous"; "misaligned", rows 8 bytes off
+    16-byte alignment; "packed", views of one (B, S, 3, H, D) tensor (Sq = Sk, H = Hk); "heads-first", (B, H, S, D)
+    transposed."""
+    (seqlen_q, seqlen_k), (h, hk) = lengths, heads
+
+    def outliers(x: Tensor) -> Tensor:  # float32
+        x[..., torch.randperm(x.shape[-1])[:3]] *= 20
+        return torch.where(torch.rand(x.shape, device=device) < 1e-3, 100 * x, x).to(dtype)
+
+    if layout == "packed":
+        qkv = outliers(torch.randn(batch, seqlen_q, 3 * h, 128, device=device)).view(batch, seqlen_q, 3, h, 128)
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    shapes = ((batch, seqlen_q, h), (batch, seqlen_k, hk), (batch, seqlen_k, hk))
+    if layout == "heads-first":
+        return tuple(outliers(torch.randn(b, n, s, 128, device=device)).transpose(1, 2) for b, s, n in shapes)
+    xs = tuple(outliers(torch.randn(*shape, 128, device=device)) for shape in shapes)
+    if layout == "misaligned":  # 4 elements into a buffer: 8 bytes past an allocation's alignment
+        return tuple(torch.cat([x.new_zeros(4), x.flatten()])[4:].view(x.shape) for x in xs)
+    return xs
+
+
+def _bytes(x: Tensor) -> Tensor:
+    return x.view(torch.uint8)
+
+
+def assert_fused_quantization_is_quantize(q: Tensor, k: Tensor, v: Tensor) -> tuple:
+    """Without the rotation, fp8.kernel_quantize writes fp8.quantize's e4m3 bytes and scales and kernel_v's V^T (its
+    padding keys zero), bit for bit; its (inputs, vt)."""
+    from legalpt.attention import fp8
+
+    got, vt = fp8.kernel_quantize(q, k, v, incoherent=False)
+    want = fp8.quantize(q, k, v, incoherent=False)
+    for name in ("q", "k"):
+        assert torch.equal(_bytes(getattr(got, name)), _bytes(getattr(want, name))), name
+    for name in ("q_scale", "k_scale", "v_scale"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert torch.equal(_bytes(vt), _bytes(fp8.kernel_v(want.v)))
+    return got, vt
+
+
+def assert_fused_quantization_rotates(q: Tensor, k: Tensor, v: Tensor, seed: int) -> None:
+    """With the rotation (a Walsh-Hadamard transform in fp8.kernel_quantize, a float32 matmul in fp8.quantize):
+    every e4m3 value times its scale lies within half an e4m3 step of x M in float64 plus float32's rounding of the
+    sums; the scales are quantize's up to that rounding of each side's amax (a few float32 ulps: up to 8.5e-7
+    relative seen, so not a fixed 1e-6); a tiny share of the values lies one step from quantize's, none further. V
+    is not rotated: V^T is kernel_v's bit for bit."""
+    from legalpt.attention import fp8
+
+    got, vt = fp8.kernel_quantize(q, k, v, incoherent=True, seed=seed)
+    want = fp8.quantize(q, k, v, incoherent=True, seed=seed)
+    m = fp8.incoherence_matrix(q.shape[-1], seed, q.device).double()
+    for name, x in (("q", q), ("k", k)):
+        x8, want8 = getattr(got, name).double(), getattr(want, name).double()  # (B, S, H, D) e4m3 values
+        scale, want_scale = (getattr(i, f"{name}_scale").double() for i in (got, want))  # (B, H, blocks)
+        rounding = 2**-20 * (x.double().abs() @ m.abs())  # (B, S, H, D): float32 sums' error, generously
+        amax_error = 2 * _block_max(rounding) / fp8.E4M3_MAX  # both sides' amax, in the scale's units
+        assert ((scale - want_scale).abs() <= amax_error + 2**-22 * want_scale).all(), name
+        per_row = scale.repeat_interleave(fp8.BLOCK_ROWS, 2)[..., : x.shape[1]].transpose(1, 2)[..., None]
+        exact = x.double() @ m / per_row  # (B, S, H, D) in units of the scale
+        step = _e4m3_step(torch.maximum(x8.abs(), exact.abs()))
+        assert ((x8 - exact).abs() <= step / 2 + rounding / per_row).all(), name
+        differ = x8 != want8
+        assert differ.sum() <= max(1, 1e-3 * differ.numel()), name  # one of a few hundred values is no share
+        assert ((x8 - want8).abs() <= _e4m3_step(torch.maximum(x8.abs(), want8.abs())))[differ].all(), name
+    assert torch.equal(_bytes(vt), _bytes(fp8.kernel_v(want.v)))
+
+
+def _block_max(x: Tensor) -> Tensor:
+    """x (B, S, H, D) -> its largest value per (batch, head, block of 128 rows), (B, H, blocks)."""
+    rows, blocks = 128, -(-x.shape[1] // 128)
+    padded = torch.nn.functional.pad(x.amax(-1), (0, 0, 0, blocks * rows - x.shape[1]))  # (B, blocks x rows, H)
+    return padded.view(x.shape[0], blocks, rows, x.shape[2]).amax(2).transpose(1, 2)
+
+
+def _e4m3_step(a: Tensor) -> Tensor:
+    """The spacing of e4m3 values at magnitudes a (float64): 2^-9 among the subnormals (below 2^-6), else
+    2^(exponent - 3)."""
+    exponent = torch.frexp(a).exponent - 1  # a = 2^exponent x [1, 2)
+    return torch.where(a < 2**-6, 2.0**-9, torch.ldexp(torch.ones_like(a), exponent - 3))

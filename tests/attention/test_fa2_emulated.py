@@ -26,6 +26,9 @@ from attention_helpers import (
     assert_documents_stay_apart,
     assert_flash_attn_rule,
     assert_fp8_kernel_computes_reference,
+    assert_fused_quantization_is_quantize,
+    assert_fused_quantization_rotates,
+    fp8_quantize_inputs,
     naive_attention,
     rising_scores,
     use_emulated_kernels,
@@ -122,7 +125,7 @@ def _head_dim(item: pytest.Item) -> int:
     """The head dim a test of this module runs at: its parameter, its case's, else 64 (what the rest use)."""
     params = item.callspec.params if hasattr(item, "callspec") else {}
     case = CASES.get(params.get("case")) or FA3_CASES.get(params.get("case"))
-    if params.get("case") in FP8_CASES:
+    if params.get("case") in FP8_CASES or params.get("case") in QUANTIZE_CASES:
         return fp8.KERNEL_HEAD_DIM
     return params.get("head_dim") or (case[0] if case else 64)
 
@@ -428,13 +431,59 @@ FP8_CASES = {
 }
 
 
+@pytest.mark.parametrize("incoherent", [False, True])
 @pytest.mark.parametrize("case", FP8_CASES)
-def test_emulated_fp8_forward_computes_its_reference(case, monkeypatch):
-    """The kernel computes fp8.reference_forward's numerics (assert_fp8_kernel_computes_reference)."""
+def test_emulated_fp8_forward_computes_its_reference(case, incoherent, monkeypatch):
+    """flash_attn_fp8_func's fa3 path, the fused quantization (kernel_quantize) and the kernel, computes the
+    reference backend's numerics (assert_fp8_kernel_computes_reference). Without the rotation the two quantize alike
+    bit for bit; with it, a few values of the fused quantization lie one e4m3 step from quantize's (float32 sums in
+    another order), each moving its row's logsumexp past the check's float32 bound, so there the reference backend
+    gets the fused quantization's inputs (_fused_quantize)."""
     dtype, (seqlen_q, seqlen_k), (heads, kv_heads), mask = FP8_CASES[case]
     monkeypatch.setattr(fp8, "_fa3_unavailable", lambda q: None)
     q = torch.randn(2, seqlen_q, heads, 128, dtype=dtype)
     k, v = (torch.randn(2, seqlen_k, kv_heads, 128, dtype=dtype) for _ in range(2))
-    out, lse, _ = fp8.flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="fa3", **mask)
-    ref, ref_lse, _ = fp8.flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="reference", **mask)
+    kw = {"return_attn_probs": True, "incoherent": incoherent, **mask}
+    out, lse, _ = fp8.flash_attn_fp8_func(q, k, v, backend="fa3", **kw)
+    if incoherent:
+        monkeypatch.setattr(fp8, "quantize", _fused_quantize(fp8.quantize))
+    ref, ref_lse, _ = fp8.flash_attn_fp8_func(q, k, v, backend="reference", **kw)
     assert_fp8_kernel_computes_reference(out, lse, ref, ref_lse, q, k)
+
+
+def _fused_quantize(quantize):
+    """fp8.quantize as the fused kernels compute it, with V from `quantize` (kernel_quantize writes V^T alone; its
+    bytes are quantize's, test_emulated_fp8_quantize_is_quantize_without_rotation)."""
+
+    def fused(q, k, v, scaling, incoherent, seed):
+        assert scaling == "block"
+        inputs, _ = fp8.kernel_quantize(q, k, v, incoherent, seed)
+        return replace(inputs, v=quantize(q, k, v, scaling, incoherent, seed).v)
+
+    return fused
+
+
+# The FP8 quantization kernels (csrc/sm90/quantize.cuh) against fp8.quantize: dtype, (Sq, Sk), (heads, kv heads),
+# batch, and the inputs' layout (fp8_quantize_inputs; "misaligned" ones kernel_quantize copies)
+QUANTIZE_CASES = {
+    "quantize-one-row-misaligned": (torch.bfloat16, (1, 1), (2, 2), 1, "misaligned"),
+    "quantize-partial-blocks-gqa": (torch.bfloat16, (113, 300), (4, 2), 2, "contiguous"),
+    "quantize-packed-fp16": (torch.float16, (200, 200), (4, 4), 2, "packed"),
+    "quantize-heads-first-gqa-fp16": (torch.float16, (300, 113), (4, 2), 3, "heads-first"),
+}
+
+
+@pytest.mark.parametrize("case", QUANTIZE_CASES)
+def test_emulated_fp8_quantize_is_quantize_without_rotation(case):
+    """assert_fused_quantization_is_quantize, into outputs poisoned with NaN (_emulated_kernels); a block holding a
+    NaN gets scale 1 there, as in quantize."""
+    q, k, v = fp8_quantize_inputs(*QUANTIZE_CASES[case])
+    q[-1, -1, 0, 5] = float("nan")
+    got, _ = assert_fused_quantization_is_quantize(q, k, v)
+    assert got.q_scale[-1, 0, -1] == 1 and got.q[-1, -1, 0, 5].isnan()
+
+
+@pytest.mark.parametrize("case", QUANTIZE_CASES)
+def test_emulated_fp8_quantize_rotates_by_the_incoherence_matrix(case, rng):
+    """assert_fused_quantization_rotates, into outputs poisoned with NaN."""
+    assert_fused_quantization_rotates(*fp8_quantize_inputs(*QUANTIZE_CASES[case]), seed=rng.randrange(2**63))

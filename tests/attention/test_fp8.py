@@ -8,9 +8,15 @@ import math
 
 import pytest
 import torch
-from attention_helpers import assert_fp8_kernel_computes_reference, naive_attention
+from attention_helpers import (
+    assert_fp8_kernel_computes_reference,
+    assert_fused_quantization_is_quantize,
+    assert_fused_quantization_rotates,
+    fp8_quantize_inputs,
+    naive_attention,
+)
 
-from legalpt.attention import fp8
+from legalpt.attention import fp8, kernels
 from legalpt.attention.fp8 import BLOCK_ROWS, E4M3_MAX, flash_attn_fp8_func, incoherence_matrix, quantize
 
 
@@ -248,6 +254,53 @@ def test_bad_tensors_are_named():
         flash_attn_fp8_func(q[..., :0], q[..., :0], q[..., :0], incoherent=False)
     with pytest.raises(TypeError, match=r"q: expected a torch\.Tensor"):
         flash_attn_fp8_func(q.tolist(), q, q)
+
+
+def _bf16(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (lambda: (_bf16(1, 8, 2, 128).float(),) * 3, "q: expected dtype bfloat16 or float16"),
+        (lambda: (_bf16(1, 8, 2, 128), _bf16(1, 8, 2, 128).half(), _bf16(1, 8, 2, 128)), "k: expected dtype"),
+        (lambda: (_bf16(1, 8, 2, 64),) * 3, "q: expected head_dim 128"),
+        (lambda: (_bf16(1, 8, 2, 128), _bf16(1, 8, 2, 128).to("meta"), _bf16(1, 8, 2, 128)), "k: expected device"),
+        (lambda: (_bf16(1, 8, 2, 128), _bf16(1, 8, 2, 128), _bf16(1, 9, 2, 128)), "v: expected shape"),
+        (lambda: (_bf16(1, 0, 2, 128), _bf16(1, 8, 2, 128), _bf16(1, 8, 2, 128)), "q, k: expected a batch row"),
+    ],
+    ids=["float32", "mixed-dtypes", "head-dim-64", "k-elsewhere", "v-shape", "no-rows"],
+)
+def test_kernel_quantize_names_bad_inputs_before_any_launch(inputs, message, monkeypatch):
+    """The fused quantization refuses what its kernels cannot read with a ValueError naming the argument, before it
+    reaches the extension."""
+    monkeypatch.setattr(kernels, "extension", lambda: pytest.fail("kernel_quantize reached the kernels"))
+    with pytest.raises(ValueError, match=message):
+        fp8.kernel_quantize(*inputs())
+
+
+# The fused quantization on a GPU: dtype, (Sq, Sk), (heads, kv heads), batch, layout (fp8_quantize_inputs)
+QUANTIZE_CASES = [
+    (torch.bfloat16, (1, 1), (2, 2), 1, "misaligned"),
+    (torch.bfloat16, (4173, 1023), (16, 2), 2, "contiguous"),
+    (torch.float16, (777, 777), (4, 4), 2, "packed"),
+    (torch.float16, (300, 16384), (8, 8), 1, "heads-first"),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("dtype", "lengths", "heads", "batch", "layout"), QUANTIZE_CASES)
+def test_fused_quantization_on_the_gpu(dtype, lengths, heads, batch, layout, monkeypatch, rng):
+    """The fused quantization kernels against quantize, outputs poisoned before the run: bit for bit without the
+    rotation, within float32's rounding of the sums with it (the helpers' docstrings)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP8 kernels run on Hopper (sm90)")
+    poisoned = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poisoned(*a, **kw).fill_(float("nan")))
+    q, k, v = fp8_quantize_inputs(dtype, lengths, heads, batch, layout, device="cuda")
+    assert_fused_quantization_is_quantize(q, k, v)
+    assert_fused_quantization_rotates(q, k, v, seed=rng.randrange(2**63))
 
 
 FP8_KERNEL_CASES = [  # dtype, (Sq, Sk), (heads, kv heads), mask keyword arguments
