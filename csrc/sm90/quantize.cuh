@@ -44,10 +44,10 @@ struct Fp8Quantize {
 
 // The scale that maps a block's amax (the bits of |x|: integers compare as the floats do, NaN above every number,
 // and no flush of subnormals) to 448, as fp8.py's _scales: 1 where amax is 0 or NaN (amax > 0 fails there), at
-// least kMinScale. __fdiv_rn: the build's fast math makes `/` approximate, and the reference's division is IEEE.
+// least kMinScale. A product by 1/448 rounded to float32, as _scales computes it on every device.
 __device__ __forceinline__ float block_scale(uint32_t amax) {
   if (amax == 0 || amax > 0x7F800000u) return 1.f;
-  return fmaxf(__fdiv_rn(__uint_as_float(amax), kE4m3Max), kMinScale);
+  return fmaxf(__uint_as_float(amax) * (1.f / kE4m3Max), kMinScale);
 }
 
 __device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }

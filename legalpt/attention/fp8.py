@@ -141,8 +141,10 @@ def _quantize_rows(x: Tensor, rows: int | None) -> tuple[Tensor, Tensor]:
 
 def _scales(amax: Tensor) -> Tensor:
     """Float32 amax -> the scales that map it to E4M3_MAX, at least MIN_SCALE; 1 where amax is 0 (any scale would
-    do) or NaN (amax > 0 fails: the block's values keep their NaN). csrc/sm90/quantize.cuh's block_scale is this."""
-    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).clamp(min=MIN_SCALE)
+    do) or NaN (amax > 0 fails: the block's values keep their NaN). csrc/sm90/quantize.cuh's block_scale is this.
+    A product by the reciprocal, not a division: PyTorch divides a CUDA tensor by a Python number as such a product
+    and a CPU tensor by true division, which round apart in the last bit; the product rounds alike everywhere."""
+    return torch.where(amax > 0, amax * (1 / E4M3_MAX), torch.ones_like(amax)).clamp(min=MIN_SCALE)
 
 
 def kernel_quantize(

@@ -279,6 +279,23 @@ def fp8_quantize_inputs(
     return xs
 
 
+def fused_quantize(quantize):
+    """fp8.quantize as the fused kernels compute it, with V from `quantize` (kernel_quantize writes V^T alone; its
+    bytes are quantize's: assert_fused_quantization_is_quantize). With the rotation a few of the fused values lie one
+    e4m3 step from quantize's (float32 sums in another order), and each moves its row's logsumexp past
+    assert_fp8_kernel_computes_reference's float32 bound: the reference gets the kernel's very inputs."""
+    from dataclasses import replace
+
+    from legalpt.attention import fp8
+
+    def fused(q, k, v, scaling="block", incoherent=True, seed=0):
+        assert scaling == "block"
+        inputs, _ = fp8.kernel_quantize(q, k, v, incoherent, seed)
+        return replace(inputs, v=quantize(q, k, v, scaling, incoherent, seed).v)
+
+    return fused
+
+
 def _bytes(x: Tensor) -> Tensor:
     return x.view(torch.uint8)
 

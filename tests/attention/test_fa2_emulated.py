@@ -29,6 +29,7 @@ from attention_helpers import (
     assert_fused_quantization_is_quantize,
     assert_fused_quantization_rotates,
     fp8_quantize_inputs,
+    fused_quantize,
     naive_attention,
     rising_scores,
     use_emulated_kernels,
@@ -438,7 +439,7 @@ def test_emulated_fp8_forward_computes_its_reference(case, incoherent, monkeypat
     reference backend's numerics (assert_fp8_kernel_computes_reference). Without the rotation the two quantize alike
     bit for bit; with it, a few values of the fused quantization lie one e4m3 step from quantize's (float32 sums in
     another order), each moving its row's logsumexp past the check's float32 bound, so there the reference backend
-    gets the fused quantization's inputs (_fused_quantize)."""
+    gets the fused quantization's inputs (fused_quantize)."""
     dtype, (seqlen_q, seqlen_k), (heads, kv_heads), mask = FP8_CASES[case]
     monkeypatch.setattr(fp8, "_fa3_unavailable", lambda q: None)
     q = torch.randn(2, seqlen_q, heads, 128, dtype=dtype)
@@ -446,21 +447,9 @@ def test_emulated_fp8_forward_computes_its_reference(case, incoherent, monkeypat
     kw = {"return_attn_probs": True, "incoherent": incoherent, **mask}
     out, lse, _ = fp8.flash_attn_fp8_func(q, k, v, backend="fa3", **kw)
     if incoherent:
-        monkeypatch.setattr(fp8, "quantize", _fused_quantize(fp8.quantize))
+        monkeypatch.setattr(fp8, "quantize", fused_quantize(fp8.quantize))
     ref, ref_lse, _ = fp8.flash_attn_fp8_func(q, k, v, backend="reference", **kw)
     assert_fp8_kernel_computes_reference(out, lse, ref, ref_lse, q, k)
-
-
-def _fused_quantize(quantize):
-    """fp8.quantize as the fused kernels compute it, with V from `quantize` (kernel_quantize writes V^T alone; its
-    bytes are quantize's, test_emulated_fp8_quantize_is_quantize_without_rotation)."""
-
-    def fused(q, k, v, scaling, incoherent, seed):
-        assert scaling == "block"
-        inputs, _ = fp8.kernel_quantize(q, k, v, incoherent, seed)
-        return replace(inputs, v=quantize(q, k, v, scaling, incoherent, seed).v)
-
-    return fused
 
 
 # The FP8 quantization kernels (csrc/sm90/quantize.cuh) against fp8.quantize: dtype, (Sq, Sk), (heads, kv heads),

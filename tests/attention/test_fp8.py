@@ -13,6 +13,7 @@ from attention_helpers import (
     assert_fused_quantization_is_quantize,
     assert_fused_quantization_rotates,
     fp8_quantize_inputs,
+    fused_quantize,
     naive_attention,
 )
 
@@ -326,7 +327,9 @@ def test_fa3_fp8_kernel_computes_its_reference(dtype, lengths, heads, mask, monk
     q = torch.randn(2, seqlen_q, h, 128, dtype=dtype, device="cuda")
     k, v = (torch.randn(2, seqlen_k, hk, 128, dtype=dtype, device="cuda") for _ in range(2))
     out, lse, _ = flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="fa3", **mask)
+    fused = fused_quantize(fp8.quantize)  # the kernel's inputs, for the reference and the truth
+    monkeypatch.setattr(fp8, "quantize", fused)
     ref, ref_lse, _ = flash_attn_fp8_func(q, k, v, return_attn_probs=True, backend="reference", **mask)
-    window = mask.get("window_size", (-1, -1))  # flash_attn_fp8_func's quantization, float64 attention of it:
-    truth = naive_attention(*_dequantized(quantize(q, k, v)), causal=mask.get("causal", False), window=window)
+    window = mask.get("window_size", (-1, -1))  # float64 attention of the quantized inputs:
+    truth = naive_attention(*_dequantized(fused(q, k, v)), causal=mask.get("causal", False), window=window)
     assert_fp8_kernel_computes_reference(out, lse, ref, ref_lse, q, k, truth)
