@@ -10,6 +10,7 @@
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <tuple>
@@ -309,12 +310,14 @@ inline void check_quantize_input(const at::Tensor& t, const char* name, const at
   TORCH_CHECK(aligned, "quantize_fp8: ", name, " must have a contiguous last dimension and 16-byte aligned rows");
 }
 
-// An output of the quantization: contiguous, of this type and shape, on q's device.
-inline void check_quantize_output(const at::Tensor& t, const char* name, at::ScalarType type,
+// A buffer of the quantization (its outputs, v_scale, factors): contiguous, 16-byte aligned (the kernels' vector
+// accesses), of this type and shape, on q's device.
+inline void check_quantize_buffer(const at::Tensor& t, const char* name, at::ScalarType type,
                                   at::IntArrayRef sizes, const at::Tensor& q) {
-  TORCH_CHECK(t.scalar_type() == type && t.sizes() == sizes && t.is_contiguous() && t.device() == q.device(),
-              "quantize_fp8: ", name, " must be contiguous ", type, " of shape ", sizes, " on ", q.device(), ", got ",
-              t.scalar_type(), " of shape ", t.sizes(), " on ", t.device());
+  TORCH_CHECK(t.scalar_type() == type && t.sizes() == sizes && t.is_contiguous() && t.device() == q.device() &&
+                  reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
+              "quantize_fp8: ", name, " must be contiguous, 16-byte aligned ", type, " of shape ", sizes, " on ",
+              q.device(), ", got ", t.scalar_type(), " of shape ", t.sizes(), " on ", t.device());
 }
 
 // The FP8 forward's inputs from bf16 or fp16 ones (csrc/sm90/quantize.cuh; legalpt/attention/fp8.py's
@@ -334,16 +337,17 @@ void quantize_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(k.size(0) == q.size(0) && v.sizes() == k.sizes(), "quantize_fp8: k and v (B, Sk, Hk, 128) with q's B");
   const int64_t batch = q.size(0), seqlen_k = k.size(1), kv_heads = k.size(2);
   const int64_t q_blocks = (q.size(1) + 127) / 128, k_blocks = (seqlen_k + 127) / 128;
-  const int64_t limit = int64_t{1} << 31;  // grid.x and the kernels' int rows; grid.y and grid.z below 2^16
-  TORCH_CHECK(batch < 65536 && q.size(2) < 65536 && q.size(1) < limit && k_blocks * 128 < limit,
-              "quantize_fp8: at most 65535 batch rows and heads, and 2^31 - 1 rows");
-  check_quantize_output(q8, "q8", at::kFloat8_e4m3fn, q.sizes(), q);
-  check_quantize_output(k8, "k8", at::kFloat8_e4m3fn, k.sizes(), q);
-  check_quantize_output(vt, "vt", at::kFloat8_e4m3fn, {batch, 128, kv_heads, k_blocks * 128}, q);
-  check_quantize_output(q_scale, "q_scale", at::kFloat, {batch, q.size(2), q_blocks}, q);
-  check_quantize_output(k_scale, "k_scale", at::kFloat, {batch, kv_heads, k_blocks}, q);
-  check_quantize_output(v_scale, "v_scale", at::kFloat, {batch, kv_heads}, q);
-  if (factors.has_value()) check_quantize_output(*factors, "factors", at::kFloat, {128}, q);
+  // grid.x: the batch's row blocks (and key tiles), below 2^31 as the kernels' int rows; grid.y: heads, below 2^16
+  const int64_t limit = int64_t{1} << 31;
+  TORCH_CHECK(q.size(2) < 65536 && kv_heads < 65536 && batch * std::max(q_blocks, k_blocks) * 128 < limit,
+              "quantize_fp8: at most 65535 heads, and 2^31 - 1 rows over the batch");
+  check_quantize_buffer(q8, "q8", at::kFloat8_e4m3fn, q.sizes(), q);
+  check_quantize_buffer(k8, "k8", at::kFloat8_e4m3fn, k.sizes(), q);
+  check_quantize_buffer(vt, "vt", at::kFloat8_e4m3fn, {batch, 128, kv_heads, k_blocks * 128}, q);
+  check_quantize_buffer(q_scale, "q_scale", at::kFloat, {batch, q.size(2), q_blocks}, q);
+  check_quantize_buffer(k_scale, "k_scale", at::kFloat, {batch, kv_heads, k_blocks}, q);
+  check_quantize_buffer(v_scale, "v_scale", at::kFloat, {batch, kv_heads}, q);
+  if (factors.has_value()) check_quantize_buffer(*factors, "factors", at::kFloat, {128}, q);
   const float* rotation = factors.has_value() ? factors->data_ptr<float>() : nullptr;
   const auto rows = [&](const at::Tensor& x, at::Tensor& out, at::Tensor& scale) {
     return fa3::QuantizeArgs{view(x), static_cast<uint8_t*>(out.data_ptr()), scale.data_ptr<float>(), rotation,

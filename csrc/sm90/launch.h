@@ -78,13 +78,16 @@ void run_fwd_fp8(const Problem& pb, const Fp8Scales& scales, const Launch& launc
 // The FP8 forward's quantization (quantize.cuh) of T inputs: Q's and K's row blocks, then V^T's key tiles.
 template <typename T, typename Launch>
 void run_quantize(const Fp8Quantize& job, const Launch& launch) {
-  if (job.batch == 0) return;
   for (const QuantizeArgs* rows : {&job.q, &job.k}) {
-    const dim3 grid(rows->blocks, rows->heads, job.batch);
-    if (rows->blocks > 0) launch(quantize_qk<T>, grid, kQuantThreads, kQuantSmem, *rows);
+    const int64_t blocks = int64_t{rows->blocks} * job.batch;  // the batch on grid.x (quantize_qk)
+    if (blocks > 0 && rows->heads > 0) {
+      launch(quantize_qk<T>, dim3(static_cast<unsigned>(blocks), rows->heads), kQuantThreads, kQuantSmem, *rows);
+    }
   }
-  const int tiles = job.v.keys / kQuantRows;
-  if (tiles > 0) launch(quantize_vt<T>, dim3(tiles, job.v.heads, job.batch), kQuantThreads, 0, job.v);
+  const int64_t tiles = int64_t{job.v.keys / kQuantRows} * job.batch;
+  if (tiles > 0 && job.v.heads > 0) {
+    launch(quantize_vt<T>, dim3(static_cast<unsigned>(tiles), job.v.heads), kQuantThreads, 0, job.v);
+  }
 }
 
 template <typename T, int D, bool kGeneral, typename Launch>

@@ -2,8 +2,8 @@
 // `kernel_quantize` calls these): Q and K in bf16 or fp16 at head dim 128 to e4m3 with one scale per (batch, head,
 // block of 128 rows), after the incoherent rotation if asked; V to the e4m3 V^T the FP8 forward reads, with the
 // scales the caller computed (one per batch row and key head: a reduction over every key, one pass in PyTorch).
-// Each input element is read once and each output byte written once, where the PyTorch path makes float32 copies
-// and multiplies by M: it cost as much as the FP8 kernel itself.
+// The kernels read each input element once (V once more, for its scales) and write each output byte once, where
+// the PyTorch path makes float32 copies and multiplies by M: it cost as much as the FP8 kernel itself.
 #pragma once
 
 #include "../common/tile.cuh"
@@ -101,13 +101,15 @@ __device__ __forceinline__ void rotate(float (&x)[kRows][4], const float* factor
     for (int c = 0; c < 4; ++c) x[r][c] *= f.x[c];
 }
 
-// x / scale in e4m3: the reference's IEEE division, then cvt's round to nearest, saturated to +-448 as the
-// reference's clamp.
+// x / scale in e4m3: a division rounded to nearest as the reference's (under fast math `/` is approximate;
+// __fdiv_rn flushes subnormal quotients, far below e4m3's smallest 2^-9, to a zero of their sign), then cvt's round
+// to nearest, saturated to +-448 as the reference's clamp.
 __device__ __forceinline__ uint32_t to_e4m3(float x0, float x1, float x2, float x3, float scale) {
   return pack4_e4m3(__fdiv_rn(x0, scale), __fdiv_rn(x1, scale), __fdiv_rn(x2, scale), __fdiv_rn(x3, scale));
 }
 
-// Block (row block, head, batch row): 128 rows of one head. Warp w takes rows w, w + 8, ..., lane l columns 4l ..
+// Block (batch row x blocks + row block, head): 128 rows of one head (the batch on grid.x, which holds 2^31 - 1
+// blocks where grid.z holds 65535). Warp w takes rows w, w + 8, ..., lane l columns 4l ..
 // 4l + 3 of each (8-byte loads, 4-byte stores: a warp's cover a row, whole lines). Rows past S are neither read nor
 // written and count as 0, as the reference's zero padding.
 template <typename T>
@@ -115,8 +117,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_qk(const __grid_consta
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // cvt to e4m3: sm_89+, built with the FP8 path
   constexpr int kRows = kQuantRows / kQuantWarps;  // 16 a warp
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int lane = threadIdx.x % 32, first = blockIdx.x * kQuantRows + threadIdx.x / 32, h = blockIdx.y;
-  const int b = blockIdx.z;
+  const int blk = blockIdx.x % a.blocks, b = blockIdx.x / a.blocks, h = blockIdx.y;
+  const int lane = threadIdx.x % 32, first = blk * kQuantRows + threadIdx.x / 32;
   Chunk<T, 4> raw[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {  // every load issued before any is used
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_qk(const __grid_consta
 #pragma unroll
     for (int c = 0; c < 4; ++c) amax = max(amax, abs_bits(x[r][c]));
   const float scale = block_scale(block_amax(amax, reinterpret_cast<uint32_t*>(smem_raw)));
-  if (threadIdx.x == 0) a.scale[(static_cast<int64_t>(b) * a.heads + h) * a.blocks + blockIdx.x] = scale;
+  if (threadIdx.x == 0) a.scale[(static_cast<int64_t>(b) * a.heads + h) * a.blocks + blk] = scale;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int row = first + r * kQuantWarps;
@@ -143,21 +145,24 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_qk(const __grid_consta
     const int64_t at = ((static_cast<int64_t>(b) * a.seqlen + row) * a.heads + h) * kQuantD + 4 * lane;
     *reinterpret_cast<uint32_t*>(a.out + at) = to_e4m3(x[r][0], x[r][1], x[r][2], x[r][3], scale);
   }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // another target's code: kernel_quantize never launches it there, and it must not pass silently
 #endif
 }
 
-// Block (key tile, key head, batch row): V^T's 128 rows (d) x 128 keys of the tile, in the FP8 forward's key order:
-// the 4-byte group q of each 16 keys holds keys {2q, 2q + 1, 2q + 8, 2q + 9} of them, as P's e4m3 fragments do
-// (to_fragments_e4m3 in wgmma.cuh, fp8._KEY_ORDER). Lane 4g + q takes those four keys of the tile's g-th 16, warp w
-// the d in [16w, 16w + 16): 32 bytes of each key row (two 16-byte loads, one whole sector), then a 4 x 4 transpose
-// in registers per 4 d, one 4-byte word per V^T row (a warp's are 128 bytes in a row). Keys past Sk are zeros: the
-// padding.
+// Block (batch row x tiles + key tile, key head): V^T's 128 rows (d) x 128 keys of the tile, in the FP8 forward's
+// key order: the 4-byte group q of each 16 keys holds keys {2q, 2q + 1, 2q + 8, 2q + 9} of them, as P's e4m3
+// fragments do (to_fragments_e4m3 in wgmma.cuh, fp8._KEY_ORDER). Lane 4g + q takes those four keys of the tile's
+// g-th 16, warp w the d in [16w, 16w + 16): 32 bytes of each key row (two 16-byte loads, one whole sector), then a
+// 4 x 4 transpose in registers per 4 d, one 4-byte word per V^T row (a warp's are 128 bytes in a row). Keys past
+// Sk are zeros: the padding.
 template <typename T>
 __global__ void __launch_bounds__(kQuantThreads) quantize_vt(const __grid_constant__ TransposeArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)
   constexpr int kD = kQuantD / kQuantWarps;  // 16 a warp
-  const int lane = threadIdx.x % 32, d0 = threadIdx.x / 32 * kD, h = blockIdx.y, b = blockIdx.z;
-  const int first = blockIdx.x * kQuantRows + lane / 4 * 16 + 2 * (lane % 4);
+  const int tiles = a.keys / kQuantRows, tile = blockIdx.x % tiles, b = blockIdx.x / tiles, h = blockIdx.y;
+  const int lane = threadIdx.x % 32, d0 = threadIdx.x / 32 * kD;
+  const int first = tile * kQuantRows + lane / 4 * 16 + 2 * (lane % 4);
   Chunk<T, 8> raw[4][kD / 8];  // (key, half of the 16 d)
   bool valid[4];
 #pragma unroll
@@ -170,7 +175,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_vt(const __grid_consta
       if (valid[i]) raw[i][j] = *reinterpret_cast<const Chunk<T, 8>*>(src + 8 * j);
   }
   const float scale = a.scale[static_cast<int64_t>(b) * a.heads + h];
-  uint8_t* dst = a.vt + ((static_cast<int64_t>(b) * kQuantD + d0) * a.heads + h) * a.keys + blockIdx.x * kQuantRows;
+  uint8_t* dst = a.vt + ((static_cast<int64_t>(b) * kQuantD + d0) * a.heads + h) * a.keys + tile * kQuantRows;
 #pragma unroll
   for (int d = 0; d < kD; ++d) {
     float k[4];
@@ -179,6 +184,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_vt(const __grid_consta
     *reinterpret_cast<uint32_t*>(dst + d * static_cast<int64_t>(a.heads) * a.keys + 4 * lane) =
         to_e4m3(k[0], k[1], k[2], k[3], scale);
   }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // another target's code: kernel_quantize never launches it there, and it must not pass silently
 #endif
 }
 

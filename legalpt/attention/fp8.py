@@ -129,7 +129,7 @@ def _quantize_rows(x: Tensor, rows: int | None) -> tuple[Tensor, Tensor]:
     None: one scale for the whole tensor, repeated over the same shape."""
     b, s, h, _ = x.shape
     rows_per = rows if rows is not None else BLOCK_ROWS
-    blocks = max(1, -(-s // rows_per))
+    blocks = max(1, _blocks(s, rows_per))
     row_amax = torch.nn.functional.pad(x.abs().amax(-1), (0, 0, 0, blocks * rows_per - s))  # (B, blocks x rows, H)
     amax = row_amax.reshape(b, blocks, rows_per, h).amax(2).transpose(1, 2)  # (B, H, blocks)
     if rows is None:
@@ -158,8 +158,10 @@ def kernel_quantize(
         raise ValueError(f"q: expected dtype bfloat16 or float16 (the fused quantization's), got {q.dtype}")
     if q.shape[-1] != KERNEL_HEAD_DIM:
         raise ValueError(f"q: expected head_dim {KERNEL_HEAD_DIM} (the FP8 kernel's), got {q.shape[-1]}")
-    if 0 in (q.shape[0], q.shape[1], k.shape[1]):
-        raise ValueError(f"q, k: expected a batch row and a row each, got shapes {tuple(q.shape)}, {tuple(k.shape)}")
+    if 0 in (q.shape[0], q.shape[1], q.shape[2], k.shape[1]):
+        raise ValueError(f"q, k: expected a batch row, a head and a row, got shapes {tuple(q.shape)}, {tuple(k.shape)}")
+    if (reason := _fa3_unavailable(q)) is not None:
+        raise ValueError(f"q: the fused quantization cannot run here: {reason}")
     q, k, v = (_aligned(x) for x in (q, k, v))
     (batch, seqlen_q, heads, d), seqlen_k, kv_heads = q.shape, k.shape[1], k.shape[2]
     factors = _column_factors(d, seed, q.device) if incoherent else None
@@ -173,14 +175,14 @@ def kernel_quantize(
     return Fp8Inputs(q8, k8, None, q_scale, k_scale, v_scale), vt
 
 
-def _blocks(rows: int) -> int:
-    """Blocks of BLOCK_ROWS rows that hold `rows`."""
-    return -(-rows // BLOCK_ROWS)
+def _blocks(rows: int, per: int = BLOCK_ROWS) -> int:
+    """Blocks of `per` rows that hold `rows`."""
+    return -(-rows // per)
 
 
 def _aligned(x: Tensor) -> Tensor:
     """x, or a contiguous copy where the kernels' vector loads could not read it: its last dimension strided, or a
-    row not 16-byte aligned (a size-1 dimension's stride addresses nothing)."""
+    row not 16-byte aligned (a size-1 dimension's stride addresses nothing). quantize_fp8 checks the same (api.h)."""
     strides = (s for s, n in zip(x.stride()[:-1], x.shape[:-1], strict=True) if n > 1)
     aligned = x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in strides)
     return x if aligned else x.clone(memory_format=torch.contiguous_format)
@@ -279,7 +281,7 @@ def flash_attn_fp8_func(
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS} for FP8 attention, got {backend!r}")
     chosen = _resolve(backend, q)
-    if 0 in (q.shape[0], q.shape[1], k.shape[1]):  # nothing to attend: out 0, logsumexp -inf (flash_attn_func's)
+    if 0 in (q.shape[0], q.shape[1], q.shape[2], k.shape[1]):  # nothing to attend: out 0, lse -inf (flash_attn_func's)
         out = q.new_zeros(q.shape)
         lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf, device=q.device)
         return (out, lse, None) if return_attn_probs else out

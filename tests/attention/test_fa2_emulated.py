@@ -137,6 +137,7 @@ def _emulated_kernels(monkeypatch):
     the input checks stay. torch.empty fills floating tensors with NaN, as the GPU's reused memory would hold
     anything."""
     use_emulated_kernels(monkeypatch)
+    monkeypatch.setattr(fp8, "_fa3_unavailable", lambda q: None)
     for name in ("empty", "empty_like"):  # every word the kernels leave unwritten shows as NaN
         monkeypatch.setattr(torch, name, _poisoned(getattr(torch, name)))
     monkeypatch.setattr(torch.Tensor, "new_empty", _poisoned(torch.Tensor.new_empty))
@@ -441,7 +442,6 @@ def test_emulated_fp8_forward_computes_its_reference(case, incoherent, monkeypat
     another order), each moving its row's logsumexp past the check's float32 bound, so there the reference backend
     gets the fused quantization's inputs (fused_quantize)."""
     dtype, (seqlen_q, seqlen_k), (heads, kv_heads), mask = FP8_CASES[case]
-    monkeypatch.setattr(fp8, "_fa3_unavailable", lambda q: None)
     q = torch.randn(2, seqlen_q, heads, 128, dtype=dtype)
     k, v = (torch.randn(2, seqlen_k, kv_heads, 128, dtype=dtype) for _ in range(2))
     kw = {"return_attn_probs": True, "incoherent": incoherent, **mask}
@@ -463,13 +463,15 @@ QUANTIZE_CASES = {
 
 
 @pytest.mark.parametrize("case", QUANTIZE_CASES)
-def test_emulated_fp8_quantize_is_quantize_without_rotation(case):
+def test_emulated_fp8_quantize_is_quantize_without_rotation(case, rng):
     """assert_fused_quantization_is_quantize, into outputs poisoned with NaN (_emulated_kernels); a block holding a
-    NaN gets scale 1 there, as in quantize."""
+    NaN, and one of zeros, get scale 1 there, as in quantize."""
     q, k, v = fp8_quantize_inputs(*QUANTIZE_CASES[case])
     q[-1, -1, 0, 5] = float("nan")
+    k[0, : fp8.BLOCK_ROWS, -1] = 0  # the first block of the last key head
     got, _ = assert_fused_quantization_is_quantize(q, k, v)
     assert got.q_scale[-1, 0, -1] == 1 and got.q[-1, -1, 0, 5].isnan()
+    assert got.k_scale[0, -1, 0] == 1 and (got.k[0, : fp8.BLOCK_ROWS, -1].float() == 0).all()
 
 
 @pytest.mark.parametrize("case", QUANTIZE_CASES)

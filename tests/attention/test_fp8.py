@@ -270,8 +270,10 @@ def _bf16(*shape: int) -> torch.Tensor:
         (lambda: (_bf16(1, 8, 2, 128), _bf16(1, 8, 2, 128).to("meta"), _bf16(1, 8, 2, 128)), "k: expected device"),
         (lambda: (_bf16(1, 8, 2, 128), _bf16(1, 8, 2, 128), _bf16(1, 9, 2, 128)), "v: expected shape"),
         (lambda: (_bf16(1, 0, 2, 128), _bf16(1, 8, 2, 128), _bf16(1, 8, 2, 128)), "q, k: expected a batch row"),
+        (lambda: (_bf16(1, 8, 0, 128), _bf16(1, 8, 2, 128), _bf16(1, 8, 2, 128)), "q, k: expected a batch row, a head"),
+        (lambda: (_bf16(1, 8, 2, 128),) * 3, "q: the fused quantization cannot run here: it needs a CUDA device"),
     ],
-    ids=["float32", "mixed-dtypes", "head-dim-64", "k-elsewhere", "v-shape", "no-rows"],
+    ids=["float32", "mixed-dtypes", "head-dim-64", "k-elsewhere", "v-shape", "no-rows", "no-heads", "on-the-cpu"],
 )
 def test_kernel_quantize_names_bad_inputs_before_any_launch(inputs, message, monkeypatch):
     """The fused quantization refuses what its kernels cannot read with a ValueError naming the argument, before it
@@ -295,8 +297,8 @@ QUANTIZE_CASES = [
 def test_fused_quantization_on_the_gpu(dtype, lengths, heads, batch, layout, monkeypatch, rng):
     """The fused quantization kernels against quantize, outputs poisoned before the run: bit for bit without the
     rotation, within float32's rounding of the sums with it (the helpers' docstrings)."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the FP8 kernels run on Hopper (sm90)")
+    if (reason := fp8._fa3_unavailable(torch.empty(1, 1, 1, 128, device="cuda"))) is not None:
+        pytest.skip(f"the FP8 kernels cannot run here: {reason}")
     poisoned = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: poisoned(*a, **kw).fill_(float("nan")))
     q, k, v = fp8_quantize_inputs(dtype, lengths, heads, batch, layout, device="cuda")
