@@ -318,9 +318,9 @@ def assert_fused_quantization_is_quantize(q: Tensor, k: Tensor, v: Tensor) -> tu
 def assert_fused_quantization_rotates(q: Tensor, k: Tensor, v: Tensor, seed: int) -> None:
     """With the rotation (a Walsh-Hadamard transform in fp8.kernel_quantize, a float32 matmul in fp8.quantize):
     every e4m3 value times its scale lies within half an e4m3 step of x M in float64 plus float32's rounding of the
-    sums; the scales are quantize's up to that rounding of each side's amax (a few float32 ulps: up to 8.5e-7
-    relative seen, so not a fixed 1e-6); a tiny share of the values lies one step from quantize's, none further. V
-    is not rotated: V^T is kernel_v's bit for bit."""
+    sums; the scales are quantize's up to that rounding of each side's amax (a few float32 ulps, which a fixed
+    relative bound would cut into); a tiny share of the values lies one step from quantize's, none further. V is
+    not rotated: V^T is kernel_v's bit for bit."""
     from legalpt.attention import fp8
 
     got, vt = fp8.kernel_quantize(q, k, v, incoherent=True, seed=seed)
