@@ -490,12 +490,6 @@ inline float __shfl_xor_sync(unsigned, float x, int mask) {
   warp_sync();
   return y;
 }
-inline unsigned __shfl_xor_sync(unsigned, unsigned x, int mask) {
-  using namespace legalpt::emu;
-  WarpScratch& s = warp_scratch();
-  s.regs[lane()][0] = x;
-  warp_sync();
-  const unsigned y = s.regs[lane() ^ mask][0];
-  warp_sync();
-  return y;
+inline unsigned __shfl_xor_sync(unsigned member_mask, unsigned x, int mask) {  // the float one's, on the bits
+  return __float_as_uint(__shfl_xor_sync(member_mask, __uint_as_float(x), mask));
 }

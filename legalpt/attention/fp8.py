@@ -20,13 +20,13 @@ softmax: the numerics the kernel must reproduce, and `scripts/fp8_accuracy.py`'s
 Hopper kernel (csrc/sm90/fwd.cuh with e4m3 inputs) at head dim 128, which reads V transposed, its keys permuted
 within each 16 to match P's register fragments (`kernel_v`).
 
-`quantize` defines the quantization, in float32 PyTorch: the oracle, and the path of scaling="tensor" (one amax
-over the whole tensor), float32 inputs and the reference backend. Where the fa3 kernel serves bf16 or fp16 inputs
-with block scaling, `kernel_quantize` runs it fused instead (csrc/sm90/quantize.cuh): one read of Q, K and V and one
-write of their e4m3 forms, V straight into the kernel's V^T, the rotation as a fast Walsh-Hadamard transform in
-registers, where `quantize`'s float32 copies, matmuls and layout passes cost as much as the FP8 kernel. Without the
-rotation its bytes and scales are `quantize`'s bit for bit; with it, the product by M differs from the matmul's by
-float32 rounding.
+`quantize` defines the quantization, in float32 PyTorch: the oracle, and the path of scaling="tensor" (one amax over
+the whole tensor), float32 inputs and the reference backend. Where the fa3 kernel serves bf16 or fp16 inputs with
+block scaling, `kernel_quantize` runs it fused instead (csrc/sm90/quantize.cuh): one read of Q and K, two of V (its
+amax, then its values), and one write of their e4m3 forms, V straight into the kernel's V^T, the rotation as a fast
+Walsh-Hadamard transform in registers, where `quantize`'s float32 copies, matmuls and layout passes cost as much as
+the FP8 kernel. Without the rotation its bytes and scales are `quantize`'s bit for bit; with it, the product by M
+differs from the matmul's by float32 rounding.
 """
 
 from __future__ import annotations
