@@ -84,15 +84,11 @@ __device__ __forceinline__ void rotate(float (&x)[kRows][4], const float* factor
   }
 #pragma unroll
   for (int bit = 1; bit < 32; bit *= 2) {
-    const bool high = lane & bit;
+    const float sign = lane & bit ? -1.f : 1.f;  // the high column's lane keeps other - x: one fma, as exact
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = 0; r < kRows; ++r)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float other = __shfl_xor_sync(0xffffffffu, x[r][c], bit);
-        x[r][c] = high ? other - x[r][c] : x[r][c] + other;
-      }
-    }
+      for (int c = 0; c < 4; ++c) x[r][c] = fmaf(sign, x[r][c], __shfl_xor_sync(0xffffffffu, x[r][c], bit));
   }
   const Chunk<float, 4> f = *reinterpret_cast<const Chunk<float, 4>*>(factors + 4 * lane);
 #pragma unroll
@@ -101,17 +97,46 @@ __device__ __forceinline__ void rotate(float (&x)[kRows][4], const float* factor
     for (int c = 0; c < 4; ++c) x[r][c] *= f.x[c];
 }
 
-// x / scale in e4m3: a division rounded to nearest as the reference's (under fast math `/` is approximate;
-// __fdiv_rn flushes subnormal quotients, far below e4m3's smallest 2^-9, to a zero of their sign), then cvt's round
-// to nearest, saturated to +-448 as the reference's clamp.
-__device__ __forceinline__ uint32_t to_e4m3(float x0, float x1, float x2, float x3, float scale) {
-  return pack4_e4m3(__fdiv_rn(x0, scale), __fdiv_rn(x1, scale), __fdiv_rn(x2, scale), __fdiv_rn(x3, scale));
+// Division by a block's scale, rounded to nearest as the reference's x / scale. On the device this is __fdiv_rn's
+// own fast path (the reciprocal by rcp.approx and a Newton step, the quotient from it with one correction), with the
+// reciprocal computed once per block rather than per quotient, and without __fdiv_rn's per-quotient check for its
+// slow path (ptxas: 12 instructions and a branch a quotient, against 4). That path serves what cannot occur here or
+// is settled otherwise: quotients near float32's range ends (these lie in [0, 448]; those below e4m3's 2^-10 round
+// to zero whatever their last bits), zero and subnormal x (the sign bit comes from x, and |x| flushes to zero), an
+// infinite scale (x * 0: zeros, and NaN for an infinite x, as x / inf), NaN (stays NaN).
+struct ScaleDivider {
+  float scale, inv;  // inv ~ 1 / scale; both 0 for an infinite scale
+  __device__ __forceinline__ explicit ScaleDivider(float s) : scale(s), inv(0.f) {
+    if ((__float_as_uint(s) & 0x7FFFFFFFu) == 0x7F800000u) {
+      scale = 0.f;
+      return;
+    }
+#ifndef LEGALPT_EMULATE
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+    inv = __fmaf_rn(r, __fmaf_rn(r, -s, 1.f), r);
+#endif
+  }
+  __device__ __forceinline__ float operator()(float x) const {
+#ifdef LEGALPT_EMULATE  // the CPU divides as the reference does
+    return scale == 0.f ? x * 0.f : x / scale;
+#else
+    const float a = fabsf(x), q0 = __fmaf_rn(inv, a, 0.f);
+    const float q = __fmaf_rn(inv, __fmaf_rn(q0, -scale, a), q0);
+    return __uint_as_float(__float_as_uint(q) | (__float_as_uint(x) & 0x80000000u));
+#endif
+  }
+};
+
+// Four values / scale in e4m3: cvt's round to nearest, saturated to +-448 as the reference's clamp.
+__device__ __forceinline__ uint32_t to_e4m3(const float (&x)[4], const ScaleDivider& divide) {
+  return pack4_e4m3(divide(x[0]), divide(x[1]), divide(x[2]), divide(x[3]));
 }
 
 // Block (batch row x blocks + row block, head): 128 rows of one head (the batch on grid.x, which holds 2^31 - 1
-// blocks where grid.z holds 65535). Warp w takes rows w, w + 8, ..., lane l columns 4l ..
-// 4l + 3 of each (8-byte loads, 4-byte stores: a warp's cover a row, whole lines). Rows past S are neither read nor
-// written and count as 0, as the reference's zero padding.
+// blocks where grid.z holds 65535). Warp w takes rows w, w + 8, ..., lane l columns 4l .. 4l + 3 of each (8-byte
+// loads, 4-byte stores: a warp's cover a row, whole lines), from one address a step apart. Rows past S are neither
+// read nor written and count as 0, as the reference's zero padding.
 template <typename T>
 __global__ void __launch_bounds__(kQuantThreads) quantize_qk(const __grid_constant__ QuantizeArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(LEGALPT_EMULATE)  // cvt to e4m3: sm_89+, built with the FP8 path
@@ -119,17 +144,18 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_qk(const __grid_consta
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int blk = blockIdx.x % a.blocks, b = blockIdx.x / a.blocks, h = blockIdx.y;
   const int lane = threadIdx.x % 32, first = blk * kQuantRows + threadIdx.x / 32;
+  const int valid = a.seqlen - first;  // row r of this warp is in the sequence when r * kQuantWarps < valid
+  const T* src = row_ptr<const T>(a.x, b, 0, first, h) + 4 * lane;
   Chunk<T, 4> raw[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {  // every load issued before any is used
-    const int row = first + r * kQuantWarps;
-    if (row < a.seqlen) raw[r] = *reinterpret_cast<const Chunk<T, 4>*>(row_ptr<const T>(a.x, b, 0, row, h) + 4 * lane);
-  }
+  for (int r = 0; r < kRows; ++r)  // every load issued before any is used
+    if (r * kQuantWarps < valid)
+      raw[r] = *reinterpret_cast<const Chunk<T, 4>*>(src + r * kQuantWarps * a.x.row_stride);
   float x[kRows][4];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) x[r][c] = first + r * kQuantWarps < a.seqlen ? to_float(raw[r].x[c]) : 0.f;
+    for (int c = 0; c < 4; ++c) x[r][c] = r * kQuantWarps < valid ? to_float(raw[r].x[c]) : 0.f;
   if (a.factors != nullptr) rotate(x, a.factors);
   uint32_t amax = 0;
 #pragma unroll
@@ -138,13 +164,13 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_qk(const __grid_consta
     for (int c = 0; c < 4; ++c) amax = max(amax, abs_bits(x[r][c]));
   const float scale = block_scale(block_amax(amax, reinterpret_cast<uint32_t*>(smem_raw)));
   if (threadIdx.x == 0) a.scale[(static_cast<int64_t>(b) * a.heads + h) * a.blocks + blk] = scale;
+  const ScaleDivider divide(scale);
+  uint8_t* dst = a.out + ((static_cast<int64_t>(b) * a.seqlen + first) * a.heads + h) * kQuantD + 4 * lane;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int row = first + r * kQuantWarps;
-    if (row >= a.seqlen) continue;
-    const int64_t at = ((static_cast<int64_t>(b) * a.seqlen + row) * a.heads + h) * kQuantD + 4 * lane;
-    *reinterpret_cast<uint32_t*>(a.out + at) = to_e4m3(x[r][0], x[r][1], x[r][2], x[r][3], scale);
-  }
+  for (int r = 0; r < kRows; ++r)
+    if (r * kQuantWarps < valid)
+      *reinterpret_cast<uint32_t*>(dst + static_cast<int64_t>(r * kQuantWarps) * a.heads * kQuantD) =
+          to_e4m3(x[r], divide);
 #elif defined(__CUDA_ARCH__)
   __trap();  // another target's code: kernel_quantize never launches it there, and it must not pass silently
 #endif
@@ -174,7 +200,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_vt(const __grid_consta
     for (int j = 0; j < kD / 8; ++j)
       if (valid[i]) raw[i][j] = *reinterpret_cast<const Chunk<T, 8>*>(src + 8 * j);
   }
-  const float scale = a.scale[static_cast<int64_t>(b) * a.heads + h];
+  const ScaleDivider divide(a.scale[static_cast<int64_t>(b) * a.heads + h]);
   uint8_t* dst = a.vt + ((static_cast<int64_t>(b) * kQuantD + d0) * a.heads + h) * a.keys + tile * kQuantRows;
 #pragma unroll
   for (int d = 0; d < kD; ++d) {
@@ -182,7 +208,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_vt(const __grid_consta
 #pragma unroll
     for (int i = 0; i < 4; ++i) k[i] = valid[i] ? to_float(raw[i][d / 8].x[d % 8]) : 0.f;
     *reinterpret_cast<uint32_t*>(dst + d * static_cast<int64_t>(a.heads) * a.keys + 4 * lane) =
-        to_e4m3(k[0], k[1], k[2], k[3], scale);
+        to_e4m3(k, divide);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // another target's code: kernel_quantize never launches it there, and it must not pass silently
