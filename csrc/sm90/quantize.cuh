@@ -97,34 +97,36 @@ __device__ __forceinline__ void rotate(float (&x)[kRows][4], const float* factor
     for (int c = 0; c < 4; ++c) x[r][c] *= f.x[c];
 }
 
-// Division by a block's scale, rounded to nearest as the reference's x / scale. On the device this is __fdiv_rn's
-// own fast path (the reciprocal by rcp.approx and a Newton step, the quotient from it with one correction), with the
-// reciprocal computed once per block rather than per quotient, and without __fdiv_rn's per-quotient check for its
-// slow path (ptxas: 12 instructions and a branch a quotient, against 4). That path serves what cannot occur here or
-// is settled otherwise: quotients near float32's range ends (these lie in [0, 448]; those below e4m3's 2^-10 round
-// to zero whatever their last bits), zero and subnormal x (the sign bit comes from x, and |x| flushes to zero), an
-// infinite scale (x * 0: zeros, and NaN for an infinite x, as x / inf), NaN (stays NaN).
+// Division by a block's scale, rounded to nearest as the reference's x / scale. A block's scale is 1 when it holds a
+// NaN (or only zeros) and infinite when it holds an infinity; then the quotient is x * 1 or x * 0, exact. Otherwise
+// every x is finite, and on the device the quotient is __fdiv_rn's own fast path (the reciprocal by rcp.approx and a
+// Newton step, the quotient from it with one correction), with the reciprocal computed once per block rather than per
+// quotient and without __fdiv_rn's per-quotient check for its slow path (ptxas: 12 instructions and a branch a
+// quotient, against 5). What that path serves is settled otherwise here: quotients lie in [0, 448] (those below
+// e4m3's 2^-10 round to zero whatever their last bits), and a zero or (flushed) subnormal x takes x * inv, a zero of
+// x's sign, which the correction would turn positive.
 struct ScaleDivider {
-  float scale, inv;  // inv ~ 1 / scale; both 0 for an infinite scale
-  __device__ __forceinline__ explicit ScaleDivider(float s) : scale(s), inv(0.f) {
-    if ((__float_as_uint(s) & 0x7FFFFFFFu) == 0x7F800000u) {
-      scale = 0.f;
-      return;
-    }
-#ifndef LEGALPT_EMULATE
+  float scale, inv;  // inv: 1 / scale, exactly 1 or 0 for an exact block
+  bool exact;        // a scale of 1 or infinity: x * inv is the quotient (and the correction would make inf - inf)
+  __device__ __forceinline__ explicit ScaleDivider(float s) : scale(s), inv(s == 1.f ? 1.f : 0.f) {
+    exact = s == 1.f || (__float_as_uint(s) & 0x7FFFFFFFu) == 0x7F800000u;
+    if (exact) return;
+#ifdef LEGALPT_EMULATE
+    inv = 1.f / s;
+#else
     float r;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
     inv = __fmaf_rn(r, __fmaf_rn(r, -s, 1.f), r);
 #endif
   }
   __device__ __forceinline__ float operator()(float x) const {
+    const float q0 = __fmul_rn(x, inv);
 #ifdef LEGALPT_EMULATE  // the CPU divides as the reference does
-    return scale == 0.f ? x * 0.f : x / scale;
+    const float q = x / scale;
 #else
-    const float a = fabsf(x), q0 = __fmaf_rn(inv, a, 0.f);
-    const float q = __fmaf_rn(inv, __fmaf_rn(q0, -scale, a), q0);
-    return __uint_as_float(__float_as_uint(q) | (__float_as_uint(x) & 0x80000000u));
+    const float q = __fmaf_rn(inv, __fmaf_rn(q0, -scale, x), q0);
 #endif
+    return exact || x == 0.f ? q0 : q;
   }
 };
 

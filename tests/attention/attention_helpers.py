@@ -315,6 +315,32 @@ def assert_fused_quantization_is_quantize(q: Tensor, k: Tensor, v: Tensor) -> tu
     return got, vt
 
 
+def assert_fused_quantization_keeps_special_values(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """assert_fused_quantization_is_quantize on inputs (B >= 1, S >= 8, H >= 2) with planted specials: a Q block
+    holding NaN and infinities (scale 1: the infinities saturate to 448), one holding infinities alone (scale
+    infinite: zeros of x's sign, NaN for an infinity), zeros of both signs and subnormals in an ordinary K block, a V
+    head with NaN and an infinity and one with an infinity alone. NaN bytes are compared as NaN: their sign is the
+    division's (the CPU's inf / inf is negative, the GPU's positive), not the quantization's."""
+    from legalpt.attention import fp8
+
+    q, k, v = (x.clone() for x in (q, k, v))
+    tiny = torch.finfo(q.dtype).smallest_normal / 4  # a subnormal of the dtype
+    q[0, 1:4, 0, :3] = torch.tensor([math.nan, math.inf, -math.inf])
+    q[0, 4:6, -1, :2] = torch.tensor([math.inf, -math.inf])
+    k[0, 2:6, 0, 0] = torch.tensor([0.0, -0.0, tiny, -tiny])
+    v[0, 3:5, 0, 0] = torch.tensor([math.nan, math.inf])
+    v[-1, 2, -1, 1] = -math.inf
+    got, vt = fp8.kernel_quantize(q, k, v, incoherent=False)
+    want = fp8.quantize(q, k, v, incoherent=False)
+    for name, x, y in (("q", got.q, want.q), ("k", got.k, want.k), ("vt", vt, fp8.kernel_v(want.v))):
+        nan = y.float().isnan()
+        assert torch.equal(x.float().isnan(), nan), name
+        assert torch.equal(_bytes(x)[~nan], _bytes(y)[~nan]), name
+    for name in ("q_scale", "k_scale", "v_scale"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert got.q[0, 2, 0, 1].float() == fp8.E4M3_MAX and got.q[0, 3, 0, 2].float() == -fp8.E4M3_MAX
+
+
 def assert_fused_quantization_rotates(q: Tensor, k: Tensor, v: Tensor, seed: int) -> None:
     """With the rotation (a Walsh-Hadamard transform in fp8.kernel_quantize, a float32 matmul in fp8.quantize):
     every e4m3 value times its scale lies within half an e4m3 step of x M in float64 plus float32's rounding of the

@@ -27,6 +27,7 @@ from attention_helpers import (
     assert_flash_attn_rule,
     assert_fp8_kernel_computes_reference,
     assert_fused_quantization_is_quantize,
+    assert_fused_quantization_keeps_special_values,
     assert_fused_quantization_rotates,
     fp8_quantize_inputs,
     fused_quantize,
@@ -472,6 +473,12 @@ def test_emulated_fp8_quantize_is_quantize_without_rotation(case, rng):
     got, _ = assert_fused_quantization_is_quantize(q, k, v)
     assert got.q_scale[-1, 0, -1] == 1 and got.q[-1, -1, 0, 5].isnan()
     assert got.k_scale[0, -1, 0] == 1 and (got.k[0, : fp8.BLOCK_ROWS, -1].float() == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_emulated_fp8_quantize_keeps_special_values(dtype):
+    """assert_fused_quantization_keeps_special_values, into outputs poisoned with NaN."""
+    assert_fused_quantization_keeps_special_values(*fp8_quantize_inputs(dtype, (300, 200), (4, 2), 2, "contiguous"))
 
 
 @pytest.mark.parametrize("case", QUANTIZE_CASES)

@@ -11,6 +11,7 @@ import torch
 from attention_helpers import (
     assert_fp8_kernel_computes_reference,
     assert_fused_quantization_is_quantize,
+    assert_fused_quantization_keeps_special_values,
     assert_fused_quantization_rotates,
     fp8_quantize_inputs,
     fused_quantize,
@@ -304,6 +305,8 @@ def test_fused_quantization_on_the_gpu(dtype, lengths, heads, batch, layout, mon
     q, k, v = fp8_quantize_inputs(dtype, lengths, heads, batch, layout, device="cuda")
     assert_fused_quantization_is_quantize(q, k, v)
     assert_fused_quantization_rotates(q, k, v, seed=rng.randrange(2**63))
+    if min(q.shape[1], k.shape[1]) >= 8 and k.shape[2] >= 2:
+        assert_fused_quantization_keeps_special_values(q, k, v)
 
 
 FP8_KERNEL_CASES = [  # dtype, (Sq, Sk), (heads, kv heads), mask keyword arguments
