@@ -321,14 +321,14 @@ inline void check_quantize_buffer(const at::Tensor& t, const char* name, at::Sca
 }
 
 // The FP8 forward's inputs from bf16 or fp16 ones (csrc/sm90/quantize.cuh; legalpt/attention/fp8.py's
-// kernel_quantize): q (B, Sq, H, 128), k and v (B, Sk, Hk, 128), v_scale (B, Hk) float32, factors (128,) float32
-// (the incoherence matrix's first row) or None for no rotation. Writes q8 and k8 (e4m3, q's and k's shapes), their
-// scales q_scale (B, H, q blocks) and k_scale (B, Hk, k blocks), and vt (B, 128, Hk, keys padded to whole tiles) in
-// e4m3, as forward_fp8 reads them.
+// kernel_quantize): q (B, Sq, H, 128), k and v (B, Sk, Hk, 128), factors (128,) float32 (the incoherence matrix's
+// first row) or None for no rotation. Writes q8 and k8 (e4m3, q's and k's shapes), their scales q_scale (B, H, q
+// blocks) and k_scale (B, Hk, k blocks), vt (B, 128, Hk, keys padded to whole tiles) in e4m3 and its scales v_scale
+// (B, Hk) float32, as forward_fp8 reads them.
 template <typename Context>
-void quantize_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& v_scale,
-                  const OptTensor& factors, at::Tensor& q8, at::Tensor& k8, at::Tensor& vt, at::Tensor& q_scale,
-                  at::Tensor& k_scale) {
+void quantize_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& factors,
+                  at::Tensor& q8, at::Tensor& k8, at::Tensor& vt, at::Tensor& q_scale, at::Tensor& k_scale,
+                  at::Tensor& v_scale) {
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
               "quantize_fp8: q must be bfloat16 or float16, got ", q.scalar_type());
   check_quantize_input(q, "q", q);
@@ -350,18 +350,25 @@ void quantize_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (factors.has_value()) check_quantize_buffer(*factors, "factors", at::kFloat, {128}, q);
   const float* rotation = factors.has_value() ? factors->data_ptr<float>() : nullptr;
   const auto rows = [&](const at::Tensor& x, at::Tensor& out, at::Tensor& scale) {
-    return fa3::QuantizeArgs{view(x), static_cast<uint8_t*>(out.data_ptr()), scale.data_ptr<float>(), rotation,
-                             static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
+    return fa3::QuantizeArgs{view(x), static_cast<uint8_t*>(out.data_ptr()), scale.data_ptr<float>(), nullptr,
+                             rotation, static_cast<int>(x.size(1)), static_cast<int>(x.size(2)),
                              static_cast<int>(scale.size(2))};
   };
+  const Context context(q.device());
+  // V's amax per (batch row, key head), reduced by the kernels into zeros (the bits of floats >= 0 order as they do)
+  at::Tensor v_amax = at::zeros({batch, kv_heads}, q.options().dtype(at::kInt));
+  auto* amax_bits = reinterpret_cast<uint32_t*>(v_amax.data_ptr<int32_t>());
+  const fa3::QuantizeArgs amax_pass{view(v), nullptr, nullptr, amax_bits, nullptr, static_cast<int>(seqlen_k),
+                                    static_cast<int>(kv_heads), static_cast<int>(k_blocks)};
   const fa3::TransposeArgs transpose{view(v),
+                                     amax_bits,
                                      v_scale.data_ptr<float>(),
                                      static_cast<uint8_t*>(vt.data_ptr()),
                                      static_cast<int>(seqlen_k),
                                      static_cast<int>(kv_heads),
                                      static_cast<int>(vt.size(3))};
-  const fa3::Fp8Quantize job{rows(q, q8, q_scale), rows(k, k8, k_scale), transpose, static_cast<int>(batch)};
-  const Context context(q.device());
+  const fa3::Fp8Quantize job{rows(q, q8, q_scale), rows(k, k8, k_scale), amax_pass, transpose,
+                             static_cast<int>(batch)};
   by_type(q, [&](auto tag) { fa3::run_quantize<typename decltype(tag)::type>(job, context.launch); });
 }
 #endif

@@ -106,6 +106,11 @@ inline float e4m3_to_float(uint8_t bits) {
 
 inline float __fdiv_rn(float a, float b) { return a / b; }  // IEEE division, as the CPU's
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline uint32_t atomicMax(uint32_t* address, uint32_t value) {  // fibers never interleave inside it
+  const uint32_t old = *address;
+  *address = std::max(old, value);
+  return old;
+}
 inline float __uint_as_float(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);

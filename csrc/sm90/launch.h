@@ -75,10 +75,10 @@ void run_fwd_fp8(const Problem& pb, const Fp8Scales& scales, const Launch& launc
   if (grid.x > 0) launch(fwd_kernel<e4m3, D, false, TO>, grid, Tr::kThreads, Tr::kSmem, args);
 }
 
-// The FP8 forward's quantization (quantize.cuh) of T inputs: Q's and K's row blocks, then V^T's key tiles.
+// The FP8 forward's quantization (quantize.cuh) of T inputs: Q's and K's row blocks, V's amax, then V^T's key tiles.
 template <typename T, typename Launch>
 void run_quantize(const Fp8Quantize& job, const Launch& launch) {
-  for (const QuantizeArgs* rows : {&job.q, &job.k}) {
+  for (const QuantizeArgs* rows : {&job.q, &job.k, &job.v_amax}) {
     const int64_t blocks = int64_t{rows->blocks} * job.batch;  // the batch on grid.x (quantize_qk)
     if (blocks > 0 && rows->heads > 0) {
       launch(quantize_qk<T>, dim3(static_cast<unsigned>(blocks), rows->heads), kQuantThreads, kQuantSmem, *rows);

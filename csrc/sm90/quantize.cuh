@@ -1,7 +1,7 @@
 // The FP8 forward's quantization, fused (legalpt/attention/fp8.py: `quantize` and `kernel_v` define it, and
 // `kernel_quantize` calls these): Q and K in bf16 or fp16 at head dim 128 to e4m3 with one scale per (batch, head,
 // block of 128 rows), after the incoherent rotation if asked; V to the e4m3 V^T the FP8 forward reads, with the
-// scales the caller computed (one per batch row and key head: a reduction over every key, one pass in PyTorch).
+// one scale per batch row and key head, from a first pass over V that reduces its amax (quantize_qk without output).
 // The kernels read each input element once (V once more, for its scales) and write each output byte once, where
 // the PyTorch path makes float32 copies and multiplies by M: it cost as much as the FP8 kernel itself.
 #pragma once
@@ -21,8 +21,10 @@ constexpr float kMinScale = 0x1p-40f;  // fp8.MIN_SCALE
 // quantize_qk's: x (B, S, H, 128), its last dimension contiguous and its rows 16-byte aligned.
 struct QuantizeArgs {
   Tensor4 x;
-  uint8_t* out;           // (B, S, H, 128) e4m3, contiguous
-  float* scale;           // (B, H, blocks), contiguous
+  uint8_t* out;           // (B, S, H, 128) e4m3, contiguous; nullptr: V's pass, which writes amax alone
+  float* scale;           // (B, H, blocks), contiguous; V's pass: unused
+  uint32_t* amax;         // V's pass: (B, H), zeros before it, then the bits of max |x| over S (floats >= 0 and
+                          // NaN order as their bits); nullptr otherwise
   const float* factors;   // (128,): M's first row (incoherence_matrix(128, seed)[0]); nullptr: no rotation
   int seqlen, heads, blocks;
 };
@@ -30,14 +32,15 @@ struct QuantizeArgs {
 // quantize_vt's: v (B, Sk, Hk, 128) as quantize_qk's x.
 struct TransposeArgs {
   Tensor4 v;
-  const float* scale;  // (B, Hk), contiguous
+  const uint32_t* amax;  // (B, Hk), contiguous: V's amax bits (QuantizeArgs::amax)
+  float* scale;          // (B, Hk), contiguous: V's scales, written by each (batch row, head)'s first key tile
   uint8_t* vt;         // (B, 128, Hk, keys) e4m3, contiguous; keys: Sk padded to whole tiles
   int seqlen, heads, keys;
 };
 
-// One call's work: Q and K (their own grids) and V.
+// One call's work, in order: Q and K (their own grids), V's amax, V^T.
 struct Fp8Quantize {
-  QuantizeArgs q, k;
+  QuantizeArgs q, k, v_amax;
   TransposeArgs v;
   int batch;
 };
@@ -164,7 +167,12 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_qk(const __grid_consta
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int c = 0; c < 4; ++c) amax = max(amax, abs_bits(x[r][c]));
-  const float scale = block_scale(block_amax(amax, reinterpret_cast<uint32_t*>(smem_raw)));
+  amax = block_amax(amax, reinterpret_cast<uint32_t*>(smem_raw));
+  if (a.out == nullptr) {  // V's pass: the amax of every block of the (batch row, head), for quantize_vt's scale
+    if (threadIdx.x == 0) atomicMax(a.amax + static_cast<int64_t>(b) * a.heads + h, amax);
+    return;
+  }
+  const float scale = block_scale(amax);
   if (threadIdx.x == 0) a.scale[(static_cast<int64_t>(b) * a.heads + h) * a.blocks + blk] = scale;
   const ScaleDivider divide(scale);
   uint8_t* dst = a.out + ((static_cast<int64_t>(b) * a.seqlen + first) * a.heads + h) * kQuantD + 4 * lane;
@@ -202,7 +210,9 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_vt(const __grid_consta
     for (int j = 0; j < kD / 8; ++j)
       if (valid[i]) raw[i][j] = *reinterpret_cast<const Chunk<T, 8>*>(src + 8 * j);
   }
-  const ScaleDivider divide(a.scale[static_cast<int64_t>(b) * a.heads + h]);
+  const float scale = block_scale(a.amax[static_cast<int64_t>(b) * a.heads + h]);
+  if (tile == 0 && threadIdx.x == 0) a.scale[static_cast<int64_t>(b) * a.heads + h] = scale;
+  const ScaleDivider divide(scale);
   uint8_t* dst = a.vt + ((static_cast<int64_t>(b) * kQuantD + d0) * a.heads + h) * a.keys + tile * kQuantRows;
 #pragma unroll
   for (int d = 0; d < kD; ++d) {

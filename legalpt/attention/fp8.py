@@ -165,13 +165,12 @@ def kernel_quantize(
     q, k, v = (_aligned(x) for x in (q, k, v))
     (batch, seqlen_q, heads, d), seqlen_k, kv_heads = q.shape, k.shape[1], k.shape[2]
     factors = _column_factors(d, seed, q.device) if incoherent else None
-    # The max of bf16 or fp16 values is one of them, exact: the reference's amax of their float32 copies
-    v_scale = _scales(torch.linalg.vector_norm(v, math.inf, dim=(1, 3)).float())  # (B, Hk)
     q8, k8 = torch.empty(q.shape, dtype=E4M3, device=q.device), torch.empty(k.shape, dtype=E4M3, device=q.device)
     q_scale = torch.empty((batch, heads, _blocks(seqlen_q)), dtype=torch.float32, device=q.device)
     k_scale = torch.empty((batch, kv_heads, _blocks(seqlen_k)), dtype=torch.float32, device=q.device)
     vt = torch.empty((batch, d, kv_heads, _blocks(seqlen_k) * BLOCK_ROWS), dtype=E4M3, device=q.device)
-    kernels.extension().quantize_fp8(q, k, v, v_scale, factors, q8, k8, vt, q_scale, k_scale)
+    v_scale = torch.empty((batch, kv_heads), dtype=torch.float32, device=q.device)
+    kernels.extension().quantize_fp8(q, k, v, factors, q8, k8, vt, q_scale, k_scale, v_scale)
     return Fp8Inputs(q8, k8, None, q_scale, k_scale, v_scale), vt
 
 
