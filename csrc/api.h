@@ -310,7 +310,7 @@ inline void check_quantize_input(const at::Tensor& t, const char* name, const at
   TORCH_CHECK(aligned, "quantize_fp8: ", name, " must have a contiguous last dimension and 16-byte aligned rows");
 }
 
-// A buffer of the quantization (its outputs, v_scale, factors): contiguous, 16-byte aligned (the kernels' vector
+// A buffer of the quantization (its outputs and factors): contiguous, 16-byte aligned (the kernels' vector
 // accesses), of this type and shape, on q's device.
 inline void check_quantize_buffer(const at::Tensor& t, const char* name, at::ScalarType type,
                                   at::IntArrayRef sizes, const at::Tensor& q) {
@@ -335,6 +335,9 @@ void quantize_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   check_quantize_input(k, "k", q);
   check_quantize_input(v, "v", q);
   TORCH_CHECK(k.size(0) == q.size(0) && v.sizes() == k.sizes(), "quantize_fp8: k and v (B, Sk, Hk, 128) with q's B");
+  // V's scales are written by its key tiles: a head without keys would leave them unwritten
+  TORCH_CHECK(q.size(0) > 0 && q.size(1) > 0 && q.size(2) > 0 && k.size(1) > 0 && k.size(2) > 0,
+              "quantize_fp8: q and k need a batch row, a row and a head, got ", q.sizes(), " and ", k.sizes());
   const int64_t batch = q.size(0), seqlen_k = k.size(1), kv_heads = k.size(2);
   const int64_t q_blocks = (q.size(1) + 127) / 128, k_blocks = (seqlen_k + 127) / 128;
   // grid.x: the batch's row blocks (and key tiles), below 2^31 as the kernels' int rows; grid.y: heads, below 2^16

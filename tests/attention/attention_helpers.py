@@ -319,7 +319,8 @@ def assert_fused_quantization_keeps_special_values(q: Tensor, k: Tensor, v: Tens
     """assert_fused_quantization_is_quantize on inputs (B >= 1, S >= 8, H >= 2) with planted specials: a Q block
     holding NaN and infinities (scale 1: the infinities saturate to 448), one holding infinities alone (scale
     infinite: zeros of x's sign, NaN for an infinity), zeros of both signs and subnormals in an ordinary K block, a V
-    head with NaN and an infinity and one with an infinity alone. NaN bytes are compared as NaN: their sign is the
+    head with an infinity in its first key block and NaN in its last (the NaN's scale 1 must win the reduction over
+    blocks), and one with an infinity alone. NaN bytes are compared as NaN: their sign is the
     division's (the CPU's inf / inf is negative, the GPU's positive), not the quantization's."""
     from legalpt.attention import fp8
 
@@ -328,7 +329,7 @@ def assert_fused_quantization_keeps_special_values(q: Tensor, k: Tensor, v: Tens
     q[0, 1:4, 0, :3] = torch.tensor([math.nan, math.inf, -math.inf])
     q[0, 4:6, -1, :2] = torch.tensor([math.inf, -math.inf])
     k[0, 2:6, 0, 0] = torch.tensor([0.0, -0.0, tiny, -tiny])
-    v[0, 3:5, 0, 0] = torch.tensor([math.nan, math.inf])
+    v[0, 3, 0, 0], v[0, -1, 0, 1] = math.inf, math.nan
     v[-1, 2, -1, 1] = -math.inf
     got, vt = fp8.kernel_quantize(q, k, v, incoherent=False)
     want = fp8.quantize(q, k, v, incoherent=False)
