@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(BwdTraits<T, D>::kThreads, 1) bwd_kernel(const
       } else {  // dQ's MMAs before dK's, so that its store runs beside dK's MMAs
         // dS^T's buffer it % 2: the other consumer read the tile before it (it - 2) before it stored the last one's
         settle();
-        store_swizzled<T, BN, BM>(sdS0 + stage * Tr::kDsBytes, dpt, key0);
+        store_swizzled<BN, BM>(sdS0 + stage * Tr::kDsBytes, dsa, key0);
         fence_proxy_async();
         named_sync(kDsStored, kConsumerThreads);  // both consumers' dS^T are stored
         float dq[1][64 / 8][4];  // rows dq_row0 + 16 (warp % 4) + lane / 4 (+8), columns dq_col0 + 8 n + ...

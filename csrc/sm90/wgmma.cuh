@@ -45,6 +45,20 @@ __device__ __forceinline__ void store_swizzled(unsigned char* dst, const float (
     }
 }
 
+// The same tile already packed as A fragments (to_fragments: 16 columns each), stored without converting again
+// (the backward's dS^T, whose float32 accumulators then end with its fragments).
+template <int ROWS, int COLS>
+__device__ __forceinline__ void store_swizzled(unsigned char* dst, const uint32_t (&a)[COLS / 16][4], int row0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < COLS / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // a[kk][r]: columns 8 (2 kk + r / 2) + 2 (lane % 4) (+1), row lane / 4 + 8 (r % 2)
+      const int row = row0 + lane / 4 + 8 * (r % 2);
+      *reinterpret_cast<uint32_t*>(dst + swizzled<ROWS>(row, 2 * kk + r / 2) + 4 * (lane % 4)) = a[kk][r];
+    }
+}
+
 // A warp's 16 x COLS float32 accumulator tile (rows from `row0`, columns from `col0`) into the swizzled float32
 // (ROWS, D) tile at `dst`: D / 32 panels of (ROWS, 32), a 128-byte line per row, 16-byte chunks swizzled as above
 // (the backward's dQ on its way to a TMA reduction).
