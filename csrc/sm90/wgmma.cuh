@@ -31,7 +31,7 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 }
 
 // A warp's accumulator tile (16 rows from `row0`, COLS columns: wgmma's and mma.sync's layout) as T into the
-// swizzled (ROWS, COLS) tile at `dst`: the backward's dS^T, the epilogues' O, dK and dV.
+// swizzled (ROWS, COLS) tile at `dst`: the epilogues' O, dK and dV.
 template <typename T, int ROWS, int COLS>
 __device__ __forceinline__ void store_swizzled(unsigned char* dst, const float (&x)[COLS / 8][4], int row0) {
   const int lane = threadIdx.x % 32;
@@ -45,8 +45,8 @@ __device__ __forceinline__ void store_swizzled(unsigned char* dst, const float (
     }
 }
 
-// The same tile already packed as A fragments (to_fragments: 16 columns each), stored without converting again
-// (the backward's dS^T, whose float32 accumulators then end with its fragments).
+// The same tile already packed as A fragments (to_fragments: 16 columns each), stored as they are: the backward's
+// dS^T, whose fragments dK's MMAs read too, so that it is converted once.
 template <int ROWS, int COLS>
 __device__ __forceinline__ void store_swizzled(unsigned char* dst, const uint32_t (&a)[COLS / 16][4], int row0) {
   const int lane = threadIdx.x % 32;
