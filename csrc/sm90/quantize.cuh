@@ -34,7 +34,7 @@ struct TransposeArgs {
   Tensor4 v;
   const uint32_t* amax;  // (B, Hk), contiguous: V's amax bits (QuantizeArgs::amax)
   float* scale;          // (B, Hk), contiguous: V's scales, written by each (batch row, head)'s first key tile
-  uint8_t* vt;         // (B, 128, Hk, keys) e4m3, contiguous; keys: Sk padded to whole tiles
+  uint8_t* vt;           // (B, 128, Hk, keys) e4m3, contiguous; keys: Sk padded to whole tiles
   int seqlen, heads, keys;
 };
 

@@ -30,23 +30,20 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
   return (chunk / 8) * ROWS * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) << 4);
 }
 
-// A warp's accumulator tile (16 rows from `row0`, COLS columns: wgmma's and mma.sync's layout) as T into the
-// swizzled (ROWS, COLS) tile at `dst`: the epilogues' O, dK and dV.
-template <typename T, int ROWS, int COLS>
-__device__ __forceinline__ void store_swizzled(unsigned char* dst, const float (&x)[COLS / 8][4], int row0) {
-  const int lane = threadIdx.x % 32;
+// P (64 x 128 keys of a warpgroup, float accumulators) as the A fragments of O += P V, one per 16 keys.
+template <typename T, int BN>
+__device__ __forceinline__ void to_fragments(const float (&s)[BN / 8][4], uint32_t (&a)[BN / 16][4]) {
 #pragma unroll
-  for (int n = 0; n < COLS / 8; ++n)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + lane / 4 + 8 * r;
-      *reinterpret_cast<uint32_t*>(dst + swizzled<ROWS>(row, n) + 4 * (lane % 4)) =
-          pack2<T>(x[n][2 * r], x[n][2 * r + 1]);
-    }
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    a[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    a[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
 }
 
-// The same tile already packed as A fragments (to_fragments: 16 columns each), stored as they are: the backward's
-// dS^T, whose fragments dK's MMAs read too, so that it is converted once.
+// A warp's tile packed as A fragments (to_fragments: 16 columns each) into the swizzled (ROWS, COLS) tile at
+// `dst`: the backward's dS^T, whose fragments dK's MMAs read too, so that it is converted once.
 template <int ROWS, int COLS>
 __device__ __forceinline__ void store_swizzled(unsigned char* dst, const uint32_t (&a)[COLS / 16][4], int row0) {
   const int lane = threadIdx.x % 32;
@@ -57,6 +54,15 @@ __device__ __forceinline__ void store_swizzled(unsigned char* dst, const uint32_
       const int row = row0 + lane / 4 + 8 * (r % 2);
       *reinterpret_cast<uint32_t*>(dst + swizzled<ROWS>(row, 2 * kk + r / 2) + 4 * (lane % 4)) = a[kk][r];
     }
+}
+
+// A warp's accumulator tile (16 rows from `row0`, COLS columns: wgmma's and mma.sync's layout) as T into the
+// swizzled (ROWS, COLS) tile at `dst`: the epilogues' O, dK and dV.
+template <typename T, int ROWS, int COLS>
+__device__ __forceinline__ void store_swizzled(unsigned char* dst, const float (&x)[COLS / 8][4], int row0) {
+  uint32_t a[COLS / 16][4];
+  to_fragments<T, COLS>(x, a);
+  store_swizzled<ROWS, COLS>(dst, a, row0);
 }
 
 // A warp's 16 x COLS float32 accumulator tile (rows from `row0`, columns from `col0`) into the swizzled float32
@@ -74,18 +80,6 @@ __device__ __forceinline__ void store_swizzled_f32(unsigned char* dst, const flo
       *reinterpret_cast<float2*>(dst + swizzled<ROWS>(row, col / 4) + 4 * (col % 4)) =
           make_float2(x[n][2 * r], x[n][2 * r + 1]);
     }
-}
-
-// P (64 x 128 keys of a warpgroup, float accumulators) as the A fragments of O += P V, one per 16 keys.
-template <typename T, int BN>
-__device__ __forceinline__ void to_fragments(const float (&s)[BN / 8][4], uint32_t (&a)[BN / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) {
-    a[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-    a[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-    a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
 }
 
 // P (64 x BN keys of a warpgroup, float accumulators) as the e4m3 A fragments of O += P V, one per 32 keys. A
